@@ -1,0 +1,1 @@
+"""Scheduler backends (Slurm, Kubernetes, local) behind one interface: see DESIGN.md."""

@@ -1,0 +1,269 @@
+"""Settings, every one from the environment with a safe default (README: the table of settings)."""
+
+import secrets
+from datetime import timedelta
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from portal.envvars import env_bool, env_choice, env_int, env_list, env_secret, env_str, email_config
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _secret_key() -> str:
+    """SECRET_KEY from the environment, or one generated once into var/ and kept there."""
+    key = env_secret("SECRET_KEY")
+    if key:
+        if len(key) < 32:
+            raise ImproperlyConfigured("SECRET_KEY is shorter than 32 characters")
+        return key
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(50))
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000")
+SECURE_COOKIES = env_bool("SECURE_COOKIES", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = SECURE_COOKIES
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("BEHIND_TLS_PROXY", False) else None
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "guardian",
+    "portal.core",
+    "clusters",
+    "tenants",
+    "jobs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.locale.LocaleMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "portal.urls"
+WSGI_APPLICATION = "portal.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database: SQLite under var/ unless DATABASE_URL names another.
+DATABASE_URL = env_secret("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'portal.sqlite3'}"
+try:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60))}
+except ValueError as exc:
+    raise ImproperlyConfigured(f"DATABASE_URL is malformed: {exc}") from None
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL lets the web server read while the worker writes; busy timeout waits out a writer.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "guardian.backends.ObjectPermissionBackend",
+]
+ANONYMOUS_USER_NAME = None  # guardian: no anonymous user row; anonymous callers get nothing
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en"
+LANGUAGES = [("en", "English"), ("zh-hans", "简体中文")]
+LOCALE_PATHS = [BASE_DIR / "locale"]
+TIME_ZONE = env_str("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+
+# --- Redis, or the embedded mode: with REDIS_URL unset the broker is kombu's filesystem
+# transport under var/, so a real, separate Celery worker runs with no server to install.
+REDIS_URL = env_secret("REDIS_URL")
+EMBEDDED_BROKER_DIR = VAR_DIR / "celery"
+
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+else:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": str(VAR_DIR / "cache"),
+        }
+    }
+
+# --- Celery (portal/celery.py reads every CELERY_* name below).
+BROKER_VISIBILITY_TIMEOUT_S = env_int("BROKER_VISIBILITY_TIMEOUT_S", 3600, minimum=60)
+CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT_S", 300, minimum=2)
+CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT_S", 240, minimum=1)
+if not CELERY_TASK_SOFT_TIME_LIMIT < CELERY_TASK_TIME_LIMIT < BROKER_VISIBILITY_TIMEOUT_S:
+    # A task still running when the broker's visibility timeout ends is handed to a second
+    # worker while the first goes on: the soft limit must fire first, then the hard one.
+    raise ImproperlyConfigured(
+        "CELERY_TASK_SOFT_TIME_LIMIT_S < CELERY_TASK_TIME_LIMIT_S < BROKER_VISIBILITY_TIMEOUT_S must hold; "
+        f"got {CELERY_TASK_SOFT_TIME_LIMIT}, {CELERY_TASK_TIME_LIMIT}, {BROKER_VISIBILITY_TIMEOUT_S}"
+    )
+if REDIS_URL:
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_RESULT_BACKEND = REDIS_URL
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": BROKER_VISIBILITY_TIMEOUT_S}
+else:
+    CELERY_BROKER_URL = "filesystem://"
+    CELERY_RESULT_BACKEND = f"file://{EMBEDDED_BROKER_DIR / 'results'}"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": BROKER_VISIBILITY_TIMEOUT_S,
+        "data_folder_in": str(EMBEDDED_BROKER_DIR / "queue"),
+        "data_folder_out": str(EMBEDDED_BROKER_DIR / "queue"),
+        "processed_folder": str(EMBEDDED_BROKER_DIR / "processed"),
+        "store_processed": False,
+    }
+    for sub in ("queue", "processed", "results"):
+        (EMBEDDED_BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
+CELERY_RESULT_EXPIRES = timedelta(hours=1)
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE = {
+    "heartbeat": {"task": "portal.core.tasks.heartbeat", "schedule": 30.0, "options": {"expires": 25}},
+}
+
+# --- Mail
+EMAIL_URL = env_secret("EMAIL_URL") or f"file://{VAR_DIR / 'mail'}"
+DEFAULT_FROM_EMAIL = "GPU portal <portal@localhost>"
+SERVER_EMAIL = DEFAULT_FROM_EMAIL
+globals().update(email_config(EMAIL_URL))
+
+# --- REST API (API.md, conventions)
+API_PAGE_SIZE = env_int("API_PAGE_SIZE", 50, minimum=1, maximum=200)
+API_THROTTLE_RATES = {
+    "user": env_str("API_THROTTLE_USER", "1200/min"),
+    "anon": env_str("API_THROTTLE_ANON", "60/min"),
+    "token": env_str("API_THROTTLE_TOKEN", "20/min"),
+}
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "portal.core.auth.HashedTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "portal.core.pagination.CursorPage",
+    "PAGE_SIZE": API_PAGE_SIZE,
+    "DEFAULT_THROTTLE_CLASSES": ["portal.core.throttles.UserThrottle", "portal.core.throttles.AnonThrottle"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "portal.core.errors.problem_exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
+}
+if DEBUG:
+    REST_FRAMEWORK["DEFAULT_RENDERER_CLASSES"].append("rest_framework.renderers.BrowsableAPIRenderer")
+SPECTACULAR_SETTINGS = {
+    "TITLE": "GPU self-service portal API",
+    "DESCRIPTION": "Quota by workload scenario, jobs on Slurm and Kubernetes. Contract: API.md.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- Health
+READYZ_TIMEOUT_S = env_int("READYZ_TIMEOUT_S", 2, minimum=1, maximum=30)
+
+# --- Logging: JSON lines to stderr, and to LOG_FILE when set.
+LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"})
+LOG_FILE = env_str("LOG_FILE", "")
+_handlers = ["stderr"] + (["file"] if LOG_FILE else [])
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "json": {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
+            "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
+            "timestamp": False,
+        }
+    },
+    "handlers": {
+        "stderr": {"class": "logging.StreamHandler", "formatter": "json"},
+        **(
+            {"file": {"class": "logging.handlers.WatchedFileHandler", "filename": LOG_FILE, "formatter": "json"}}
+            if LOG_FILE
+            else {}
+        ),
+    },
+    "root": {"handlers": _handlers, "level": LOG_LEVEL},
+    "loggers": {
+        # Paramiko logs key exchange details at DEBUG; keep it quiet unless asked.
+        "paramiko": {"level": "WARNING"},
+        "django.db.backends": {"level": "INFO"},
+    },
+}

@@ -1,0 +1,53 @@
+from django.conf import settings
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from django.views import defaults
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import SimpleRouter
+
+from portal.core import api as core_api
+from portal.core import errors
+from portal.core import views as core_views
+from tenants import api as tenants_api
+from tenants import views as tenants_views
+
+router = SimpleRouter()
+router.register("auth/tokens", core_api.TokenViewSet, basename="token")
+
+api_v1 = [
+    path("auth/token/", core_api.TokenCreate.as_view(), name="token-create"),
+    path("me/", tenants_api.Me.as_view(), name="me"),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    *router.urls,
+]
+
+urlpatterns = [
+    path("healthz", core_views.healthz, name="healthz"),
+    path("readyz", core_views.readyz, name="readyz"),
+    path("api/v1/", include(api_v1)),
+    path("admin/", admin.site.urls),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("i18n/", include("django.conf.urls.i18n")),
+    path("", tenants_views.home, name="home"),
+]
+
+admin.site.site_header = "GPU portal administration"
+
+
+def handler404(request, exception):
+    if request.path.startswith("/api/"):
+        return errors.api_not_found(request, exception)
+    return defaults.page_not_found(request, exception)
+
+
+def handler500(request):
+    if request.path.startswith("/api/"):
+        return errors.api_server_error(request)
+    return defaults.server_error(request)
+
+
+if settings.DEBUG:
+    urlpatterns.append(path("api-auth/", include("rest_framework.urls")))

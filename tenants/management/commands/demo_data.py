@@ -1,0 +1,62 @@
+"""Demo data for the embedded portal: a platform admin, two tenants, one user for each role.
+
+Passwords are random, made on the first run and kept in var/demo-logins.txt (mode 0600), so
+that no password lives in the repository and a second run prints the same logins."""
+
+import json
+import secrets
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from tenants.models import Role, Tenant, Tier
+from tenants.services import membership_add, tenant_create
+
+TENANTS = [
+    ("protein-lab", "Protein Folding Lab", Tier.HIGH),
+    ("cfd-group", "Aero CFD Group", Tier.NORMAL),
+]
+# username -> (tenant slug, role); the admin belongs to no tenant.
+USERS = {
+    "alice": ("protein-lab", Role.OWNER),
+    "bob": ("protein-lab", Role.MANAGER),
+    "carol": ("protein-lab", Role.MEMBER),
+    "dave": ("protein-lab", Role.VIEWER),
+    "erin": ("cfd-group", Role.OWNER),
+}
+
+
+class Command(BaseCommand):
+    help = "Load demo users and tenants (idempotent) and print their logins."
+
+    def handle(self, *args, **options):
+        logins_path = settings.VAR_DIR / "demo-logins.txt"
+        logins = json.loads(logins_path.read_text()) if logins_path.exists() else {}
+        User = get_user_model()
+        with transaction.atomic():
+            tenants = {}
+            for slug, name, tier in TENANTS:
+                tenants[slug] = Tenant.objects.filter(slug=slug).first() or tenant_create(
+                    actor=None, slug=slug, name=name, tier=tier, contact_email=f"{slug}@example.org"
+                )
+            for username in ["admin", *USERS]:
+                password = logins.setdefault(username, secrets.token_urlsafe(9))
+                user, created = User.objects.get_or_create(
+                    username=username, defaults={"email": f"{username}@example.org"}
+                )
+                if created:
+                    user.set_password(password)
+                    user.is_staff = user.is_superuser = username == "admin"
+                    user.save()
+                if username in USERS:
+                    slug, role = USERS[username]
+                    if not user.memberships.filter(tenant=tenants[slug]).exists():
+                        membership_add(actor=None, tenant=tenants[slug], user=user, role=role)
+        logins_path.touch(mode=0o600)
+        logins_path.write_text(json.dumps(logins, indent=1))
+        self.stdout.write("Demo logins (username / password / role):")
+        self.stdout.write(f"  {'admin':<6} {logins['admin']:<14} platform admin")
+        for username, (slug, role) in USERS.items():
+            self.stdout.write(f"  {username:<6} {logins[username]:<14} {role} of {slug}")

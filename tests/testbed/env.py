@@ -1,0 +1,85 @@
+"""Connection details of the local Slurm testbed (tests/testbed/testbed.sh).
+
+``testbed_env()`` runs ``testbed.sh up`` (idempotent, fast when the testbed is
+already up) once per process and returns the KEY=value pairs of the env file it
+writes, e.g. ``SLURM_TESTBED_HOST``, ``SLURM_TESTBED_KEY_FILE``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+from pathlib import Path
+
+TESTBED_SCRIPT = Path(__file__).resolve().parent / "testbed.sh"
+REPO_ROOT = TESTBED_SCRIPT.parent.parent.parent
+UP_TIMEOUT_S = 900  # a first run may apt-get install the Slurm packages
+
+REQUIRED_KEYS = (
+    "SLURM_TESTBED_HOST",
+    "SLURM_TESTBED_PORT",
+    "SLURM_TESTBED_USER",
+    "SLURM_TESTBED_KEY_FILE",
+    "SLURM_TESTBED_KNOWN_HOSTS",
+    "SLURM_TESTBED_CLUSTER",
+    "SLURM_TESTBED_ACCOUNT",
+    "SLURM_TESTBED_PARTITIONS",
+)
+
+
+class TestbedError(RuntimeError):
+    pass
+
+
+def state_dir() -> Path:
+    """Same rule as testbed.sh: $TESTBED_DIR (relative to the cwd) or <repo>/var/testbed."""
+    configured = os.environ.get("TESTBED_DIR")
+    return Path(configured).absolute() if configured else REPO_ROOT / "var" / "testbed"
+
+
+def env_file() -> Path:
+    return state_dir() / "testbed.env"
+
+
+def parse_env_file(path: Path) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise TestbedError(f"malformed line in {path}: {line!r}")
+        values[key.strip()] = value.strip()
+    missing = [key for key in REQUIRED_KEYS if key not in values]
+    if missing:
+        raise TestbedError(f"{path} lacks {', '.join(missing)}")
+    return values
+
+
+@functools.lru_cache(maxsize=1)
+def _up() -> tuple[tuple[str, str], ...]:
+    try:
+        proc = subprocess.run(
+            ["bash", str(TESTBED_SCRIPT), "up"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=UP_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise TestbedError(f"{TESTBED_SCRIPT} up took more than {UP_TIMEOUT_S}s") from exc
+    if proc.returncode != 0:
+        output = (proc.stdout + proc.stderr)[-4000:]
+        raise TestbedError(f"{TESTBED_SCRIPT} up failed (rc={proc.returncode}):\n{output}")
+    return tuple(parse_env_file(env_file()).items())
+
+
+def testbed_env() -> dict[str, str]:
+    """Bring the testbed up if needed (once per process) and return its connection details."""
+    return dict(_up())
+
+
+testbed_env.__test__ = False  # type: ignore[attr-defined]  # not a test, despite its name

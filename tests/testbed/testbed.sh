@@ -1,0 +1,608 @@
+#!/usr/bin/env bash
+# A real one-node Slurm cluster (slurmctld + slurmd + slurmdbd on MariaDB,
+# munge, typed GPU GRES backed by fake /dev/nvidiaN character devices) that
+# the portal reaches over SSH as the unprivileged user "gpuportal".
+#
+#   testbed.sh up      install what is missing, start everything, wait until a
+#                      GPU job runs, write $STATE/testbed.env (idempotent; fast
+#                      when already up)
+#   testbed.sh down    stop the daemons this script started (by pid file);
+#                      MariaDB is left alone
+#   testbed.sh status  one line per daemon; exit 0 only when all run
+#
+# State (keys, pid files, logs, sshd config, env file) lives in
+# ${TESTBED_DIR:-<repo root>/var/testbed}; Slurm's config goes to /etc/slurm so
+# that sbatch & co. find it over SSH without SLURM_CONF. Must run as root.
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_ROOT=$(cd "$SCRIPT_DIR/../.." && pwd)
+STATE_IN=${TESTBED_DIR:-$REPO_ROOT/var/testbed}
+
+CLUSTER=portaltest
+ACCOUNT=portal
+PORTAL_USER=gpuportal
+SSH_HOST=127.0.0.1
+SSH_PORT=2222
+PARTITIONS="h100:h100:4,a100:a100:4"
+NODE=$(hostname -s)
+NCPUS=16 # declared (SlurmdParameters=config_overrides), so that many small jobs run at once
+SLURM_ETC=/etc/slurm
+SPOOL=/var/spool/slurm-testbed # outside the state dir: slurmstepd execs job scripts from here as the job user
+DB_NAME=slurm_acct_db
+DB_USER=slurm
+MYSQL_HOST=127.0.0.1
+MYSQL_PORT=3306
+WAIT_S=${TESTBED_WAIT_S:-60}
+PACKAGES=(munge slurm-wlm slurmdbd openssh-server)
+DAEMONS=(munged slurmdbd slurmctld slurmd sshd)
+
+log() { echo "[testbed] $*" >&2; }
+die() {
+    echo "[testbed] ERROR: $*" >&2
+    exit 1
+}
+
+[[ $(id -u) == 0 ]] || die "must run as root"
+
+mkdir -p "$STATE_IN"
+STATE=$(cd "$STATE_IN" && pwd)
+RUN_DIR=$STATE/run
+LOG_DIR=$STATE/log
+SSH_DIR=$STATE/ssh
+ENV_FILE=$STATE/testbed.env
+KEY_FILE=$SSH_DIR/${PORTAL_USER}_ed25519
+HOST_KEY=$SSH_DIR/ssh_host_ed25519_key
+KNOWN_HOSTS=$SSH_DIR/known_hosts
+SSHD_CONFIG=$SSH_DIR/sshd_config
+DB_PASS_FILE=$STATE/slurmdbd.pass
+
+pidfile() { echo "$RUN_DIR/$1.pid"; }
+logfile() {
+    case $1 in
+    munged) echo /var/log/munge/munged.log ;;
+    *) echo "$LOG_DIR/$1.log" ;;
+    esac
+}
+
+# pid of a daemon we started, if it is alive (and is still that program)
+daemon_pid() {
+    local f pid
+    f=$(pidfile "$1")
+    [[ -s $f ]] || return 1
+    pid=$(tr -dc '0-9' <"$f")
+    [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 1
+    [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$1" ]] || return 1
+    echo "$pid"
+}
+
+tail_log() {
+    local f
+    f=$(logfile "$1")
+    if [[ -f $f ]]; then
+        echo "----- last lines of $f -----" >&2
+        tail -n 25 "$f" >&2 || true
+        echo "-----" >&2
+    else
+        echo "(no log file $f)" >&2
+    fi
+}
+
+fail_daemon() { # daemon message
+    echo "[testbed] ERROR: $2" >&2
+    tail_log "$1"
+    exit 1
+}
+
+# wait_for <seconds> <command...>: retry every 0.25 s until it succeeds
+wait_for() {
+    local deadline=$((SECONDS + $1))
+    shift
+    until "$@" >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.25
+    done
+}
+
+mysql_root() { mysql --protocol=TCP -h "$MYSQL_HOST" -P "$MYSQL_PORT" -uroot "$@"; }
+
+# ---------------------------------------------------------------- packages --
+pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+
+ensure_packages() {
+    local missing=() p
+    for p in "${PACKAGES[@]}"; do pkg_installed "$p" || missing+=("$p"); done
+    command -v mysql >/dev/null || command -v mariadb >/dev/null || missing+=(mariadb-client)
+    ((${#missing[@]})) || return 0
+    log "installing ${missing[*]}"
+    local policy=/usr/sbin/policy-rc.d created_policy=0
+    if [[ ! -e $policy ]]; then
+        # keep the packages' init scripts from starting daemons we don't control
+        printf '#!/bin/sh\nexit 101\n' >"$policy"
+        chmod 755 "$policy"
+        created_policy=1
+    fi
+    local rc=0 apt=(apt-get install -y -q --no-install-recommends
+        -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
+    export DEBIAN_FRONTEND=noninteractive
+    if ! compgen -G "/var/lib/apt/lists/*_Packages" >/dev/null; then
+        apt-get update -q || rc=$?
+    fi
+    if ((rc == 0)) && ! "${apt[@]}" "${missing[@]}"; then
+        apt-get update -q && "${apt[@]}" "${missing[@]}" || rc=$?
+    fi
+    ((created_policy)) && rm -f "$policy"
+    ((rc == 0)) || die "apt-get install ${missing[*]} failed (rc=$rc)"
+    command -v mysql >/dev/null || ln -sf "$(command -v mariadb)" /usr/local/bin/mysql
+}
+
+# ----------------------------------------------------------------- devices --
+ensure_devices() {
+    local n
+    for n in 0 1 2 3 4 5 6 7; do
+        if [[ ! -c /dev/nvidia$n ]]; then
+            rm -f "/dev/nvidia$n"
+            mknod -m 666 "/dev/nvidia$n" c 195 "$n"
+        fi
+    done
+}
+
+# ------------------------------------------------------------ user and ssh --
+ensure_user_and_keys() {
+    if ! id -u "$PORTAL_USER" >/dev/null 2>&1; then
+        log "creating user $PORTAL_USER"
+        useradd --create-home --shell /bin/bash "$PORTAL_USER"
+    fi
+    # "*" = no password, but not "locked" (sshd with UsePAM no refuses locked accounts)
+    [[ $(getent shadow "$PORTAL_USER" | cut -d: -f2) == "*" ]] || usermod -p '*' "$PORTAL_USER"
+    local home
+    home=$(getent passwd "$PORTAL_USER" | cut -d: -f6)
+    [[ -d $home ]] || install -d -o "$PORTAL_USER" -g "$PORTAL_USER" -m 755 "$home"
+
+    install -d -m 700 "$SSH_DIR"
+    [[ -s $KEY_FILE && -s $KEY_FILE.pub ]] ||
+        { rm -f "$KEY_FILE" "$KEY_FILE.pub"; ssh-keygen -q -t ed25519 -N '' -C "$PORTAL_USER@testbed" -f "$KEY_FILE"; }
+    [[ -s $HOST_KEY && -s $HOST_KEY.pub ]] ||
+        { rm -f "$HOST_KEY" "$HOST_KEY.pub"; ssh-keygen -q -t ed25519 -N '' -C "testbed-host" -f "$HOST_KEY"; }
+    chown root:root "$KEY_FILE" "$HOST_KEY"
+    chmod 600 "$KEY_FILE" "$HOST_KEY"
+
+    install -d -o "$PORTAL_USER" -g "$PORTAL_USER" -m 700 "$home/.ssh"
+    install -o "$PORTAL_USER" -g "$PORTAL_USER" -m 600 "$KEY_FILE.pub" "$home/.ssh/authorized_keys"
+
+    echo "[$SSH_HOST]:$SSH_PORT $(cut -d' ' -f1,2 "$HOST_KEY.pub")" >"$KNOWN_HOSTS"
+    chmod 644 "$KNOWN_HOSTS"
+}
+
+sshd_config_text() {
+    cat <<EOF
+# generated by tests/testbed/testbed.sh
+Port $SSH_PORT
+ListenAddress $SSH_HOST
+HostKey $HOST_KEY
+PidFile $(pidfile sshd)
+AllowUsers $PORTAL_USER
+PermitRootLogin no
+PubkeyAuthentication yes
+AuthorizedKeysFile .ssh/authorized_keys
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+X11Forwarding no
+AllowAgentForwarding no
+AllowTcpForwarding no
+PermitTunnel no
+PrintMotd no
+MaxStartups 50:30:200
+MaxSessions 50
+Subsystem sftp internal-sftp
+EOF
+}
+
+# ------------------------------------------------------------------- munge --
+ensure_munge_files() {
+    install -d -o munge -g munge -m 700 /etc/munge
+    if [[ ! -s /etc/munge/munge.key ]]; then
+        log "creating munge key"
+        if command -v mungekey >/dev/null; then
+            mungekey --create --keyfile=/etc/munge/munge.key
+        else
+            dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
+        fi
+    fi
+    chown munge:munge /etc/munge/munge.key
+    chmod 400 /etc/munge/munge.key
+    install -d -o munge -g munge -m 755 /run/munge
+    install -d -o munge -g munge -m 700 /var/lib/munge /var/log/munge
+}
+
+start_munged() {
+    daemon_pid munged >/dev/null && return 0
+    ensure_munge_files
+    local pid
+    pid=$({ tr -dc "0-9" </run/munge/munged.pid; } 2>/dev/null || true)
+    if [[ -n $pid && $(cat "/proc/$pid/comm" 2>/dev/null) == munged ]]; then
+        # e.g. started by the package's init script: adopt it rather than fight over the socket
+        log "adopting running munged (pid $pid)"
+    else
+        log "starting munged"
+        runuser -u munge -- /usr/sbin/munged ||
+            fail_daemon munged "munged did not start (another munged running?)"
+    fi
+    wait_for 10 test -s /run/munge/munged.pid || fail_daemon munged "munged wrote no pid file"
+    cp /run/munge/munged.pid "$(pidfile munged)"
+    wait_for 10 bash -c 'munge -n | unmunge' || fail_daemon munged "munge credentials do not work"
+}
+
+# ----------------------------------------------------------------- MariaDB --
+ensure_database() {
+    if [[ ! -s $DB_PASS_FILE ]]; then
+        (umask 077 && head -c 18 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' >"$DB_PASS_FILE")
+    fi
+    local pw
+    pw=$(cat "$DB_PASS_FILE")
+    wait_for 30 mysql_root -e "SELECT 1" ||
+        die "MariaDB does not answer on $MYSQL_HOST:$MYSQL_PORT as root without password"
+    mysql_root <<EOF
+CREATE DATABASE IF NOT EXISTS \`$DB_NAME\`;
+CREATE USER IF NOT EXISTS '$DB_USER'@'localhost' IDENTIFIED BY '$pw';
+CREATE USER IF NOT EXISTS '$DB_USER'@'127.0.0.1' IDENTIFIED BY '$pw';
+ALTER USER '$DB_USER'@'localhost' IDENTIFIED BY '$pw';
+ALTER USER '$DB_USER'@'127.0.0.1' IDENTIFIED BY '$pw';
+GRANT ALL PRIVILEGES ON \`$DB_NAME\`.* TO '$DB_USER'@'localhost';
+GRANT ALL PRIVILEGES ON \`$DB_NAME\`.* TO '$DB_USER'@'127.0.0.1';
+FLUSH PRIVILEGES;
+EOF
+}
+
+# ------------------------------------------------------------ slurm config --
+real_memory() { awk '/^MemTotal:/ { printf "%d", $2 / 1024 * 0.9 }' /proc/meminfo; }
+
+slurm_conf_text() {
+    cat <<EOF
+# generated by tests/testbed/testbed.sh (state dir $STATE)
+ClusterName=$CLUSTER
+SlurmctldHost=$NODE($SSH_HOST)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+CommunicationParameters=NoInAddrAny,NoCtldInAddrAny
+SlurmctldPort=6817
+SlurmdPort=6818
+StateSaveLocation=$SPOOL/slurmctld
+SlurmdSpoolDir=$SPOOL/slurmd
+SlurmctldPidFile=$(pidfile slurmctld)
+SlurmdPidFile=$(pidfile slurmd)
+SlurmctldLogFile=$(logfile slurmctld)
+SlurmdLogFile=$(logfile slurmd)
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+ReturnToService=2
+SlurmdParameters=config_overrides
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes=gpu
+PriorityType=priority/multifactor
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=$SSH_HOST
+AccountingStoragePort=6819
+AccountingStorageEnforce=associations,limits,qos
+AccountingStorageTRES=gres/gpu,gres/gpu:h100,gres/gpu:a100
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=30
+JobCompType=jobcomp/none
+SlurmctldTimeout=30
+SlurmdTimeout=60
+InactiveLimit=0
+MinJobAge=300
+KillWait=5
+Waittime=0
+NodeName=$NODE NodeAddr=$SSH_HOST CPUs=$NCPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$NCPUS ThreadsPerCore=1 RealMemory=$(real_memory) Gres=gpu:h100:4,gpu:a100:4 State=UNKNOWN
+PartitionName=h100 Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+PartitionName=a100 Nodes=$NODE Default=NO MaxTime=INFINITE State=UP
+EOF
+}
+
+gres_conf_text() {
+    cat <<EOF
+# generated by tests/testbed/testbed.sh
+AutoDetect=off
+NodeName=$NODE Name=gpu Type=h100 File=/dev/nvidia[0-3]
+NodeName=$NODE Name=gpu Type=a100 File=/dev/nvidia[4-7]
+EOF
+}
+
+slurmdbd_conf_text() {
+    cat <<EOF
+# generated by tests/testbed/testbed.sh
+AuthType=auth/munge
+DbdHost=$NODE
+DbdAddr=$SSH_HOST
+DbdPort=6819
+SlurmUser=root
+DebugLevel=info
+LogFile=$(logfile slurmdbd)
+PidFile=$(pidfile slurmdbd)
+StorageType=accounting_storage/mysql
+StorageHost=$MYSQL_HOST
+StoragePort=$MYSQL_PORT
+StorageUser=$DB_USER
+StoragePass=$(cat "$DB_PASS_FILE" 2>/dev/null || true)
+StorageLoc=$DB_NAME
+EOF
+}
+
+# write_if_changed <file> <mode> <text>: returns 0 when the file changed
+write_if_changed() {
+    if [[ -f $1 ]] && [[ "$(cat "$1")" == "$3" ]]; then
+        chmod "$2" "$1"
+        return 1
+    fi
+    printf '%s\n' "$3" >"$1.tmp"
+    chmod "$2" "$1.tmp"
+    mv -f "$1.tmp" "$1"
+    return 0
+}
+
+configs_current() {
+    [[ -f $SLURM_ETC/slurm.conf && "$(cat "$SLURM_ETC/slurm.conf")" == "$(slurm_conf_text)" ]] &&
+        [[ -f $SLURM_ETC/gres.conf && "$(cat "$SLURM_ETC/gres.conf")" == "$(gres_conf_text)" ]] &&
+        [[ -f $SSHD_CONFIG && "$(cat "$SSHD_CONFIG")" == "$(sshd_config_text)" ]]
+}
+
+write_configs() { # returns 0 if Slurm's config changed
+    local changed=1
+    install -d -m 755 "$SLURM_ETC"
+    install -d -m 700 "$SPOOL/slurmctld"
+    install -d -m 755 "$SPOOL/slurmd"
+    write_if_changed "$SLURM_ETC/slurm.conf" 644 "$(slurm_conf_text)" && changed=0
+    write_if_changed "$SLURM_ETC/gres.conf" 644 "$(gres_conf_text)" && changed=0
+    write_if_changed "$SLURM_ETC/slurmdbd.conf" 600 "$(slurmdbd_conf_text)" && changed=0
+    chown root:root "$SLURM_ETC/slurmdbd.conf"
+    write_if_changed "$SSHD_CONFIG" 600 "$(sshd_config_text)" || true
+    return $changed
+}
+
+# ------------------------------------------------------------ slurm daemons --
+sacctmgr_q() { sacctmgr -n -P "$@"; }
+
+start_slurmdbd() {
+    if ! daemon_pid slurmdbd >/dev/null; then
+        log "starting slurmdbd"
+        /usr/sbin/slurmdbd || fail_daemon slurmdbd "slurmdbd did not start"
+    fi
+    wait_for "$WAIT_S" sacctmgr_q list cluster format=cluster ||
+        fail_daemon slurmdbd "slurmdbd does not answer sacctmgr within ${WAIT_S}s"
+    if ! sacctmgr_q list cluster format=cluster | grep -qx "$CLUSTER"; then
+        log "adding cluster $CLUSTER to the accounting database"
+        sacctmgr -i add cluster "$CLUSTER" >/dev/null
+    fi
+    if ! sacctmgr_q list account "$ACCOUNT" format=account | grep -qx "$ACCOUNT"; then
+        log "adding account $ACCOUNT"
+        sacctmgr -i add account "$ACCOUNT" cluster="$CLUSTER" \
+            description="GPU portal" organization=portal >/dev/null
+    fi
+    if ! sacctmgr_q list assoc cluster="$CLUSTER" account="$ACCOUNT" user="$PORTAL_USER" format=user |
+        grep -qx "$PORTAL_USER"; then
+        log "adding user $PORTAL_USER to account $ACCOUNT (operator)"
+        sacctmgr -i add user "$PORTAL_USER" account="$ACCOUNT" cluster="$CLUSTER" \
+            defaultaccount="$ACCOUNT" adminlevel=operator >/dev/null
+    fi
+    if ! sacctmgr_q list user "$PORTAL_USER" format=adminlevel | grep -qix operator; then
+        sacctmgr -i modify user "$PORTAL_USER" set adminlevel=operator >/dev/null
+    fi
+}
+
+ctld_ok() { scontrol ping 2>/dev/null | grep -q "is UP"; }
+
+node_state() { sinfo -h -n "$NODE" -o %T 2>/dev/null | head -n1; }
+
+node_usable() {
+    case $(node_state) in
+    idle | mixed | allocated | completing) return 0 ;;
+    *) return 1 ;;
+    esac
+}
+
+start_slurmctld() {
+    if ! daemon_pid slurmctld >/dev/null; then
+        log "starting slurmctld"
+        /usr/sbin/slurmctld || fail_daemon slurmctld "slurmctld did not start"
+    fi
+    wait_for "$WAIT_S" ctld_ok || fail_daemon slurmctld "slurmctld does not answer 'scontrol ping' within ${WAIT_S}s"
+}
+
+start_slurmd() {
+    if ! daemon_pid slurmd >/dev/null; then
+        log "starting slurmd"
+        /usr/sbin/slurmd || fail_daemon slurmd "slurmd did not start"
+    fi
+    if ! wait_for 20 node_usable; then
+        # e.g. DOWN after an unclean stop: ReturnToService=2 should cover it, nudge anyway
+        scontrol update nodename="$NODE" state=resume >/dev/null 2>&1 || true
+        wait_for "$WAIT_S" node_usable ||
+            fail_daemon slurmd "node $NODE is '$(node_state)', not idle, after ${WAIT_S}s ($(sinfo -h -R 2>/dev/null | tr -s ' ' | head -n1))"
+    fi
+}
+
+start_sshd() {
+    daemon_pid sshd >/dev/null && return 0
+    install -d -m 755 /run/sshd
+    /usr/sbin/sshd -t -f "$SSHD_CONFIG" || die "sshd rejects $SSHD_CONFIG"
+    log "starting sshd on $SSH_HOST:$SSH_PORT"
+    /usr/sbin/sshd -f "$SSHD_CONFIG" -E "$(logfile sshd)" || fail_daemon sshd "sshd did not start"
+    wait_for 10 daemon_pid sshd || fail_daemon sshd "sshd wrote no pid file"
+}
+
+ssh_portal() {
+    ssh -q -i "$KEY_FILE" -p "$SSH_PORT" -o BatchMode=yes -o IdentitiesOnly=yes \
+        -o StrictHostKeyChecking=yes -o UserKnownHostsFile="$KNOWN_HOSTS" -o GlobalKnownHostsFile=/dev/null \
+        -o ConnectTimeout=10 "$PORTAL_USER@$SSH_HOST" "$@"
+}
+
+# submit a 1-GPU job over SSH as the portal user and wait until it completed
+smoke_job() {
+    local out id state deadline=$((SECONDS + WAIT_S))
+    out=$(printf '#!/bin/sh\ntest -n "$CUDA_VISIBLE_DEVICES"\n' |
+        ssh_portal sbatch --parsable --account="$ACCOUNT" --partition=h100 --gres=gpu:h100:1 \
+            --time=1 --job-name=testbed-smoke --output=/dev/null 2>&1) ||
+        { tail_log sshd; die "smoke job submission over SSH failed: $out"; }
+    id=${out%%;*}
+    [[ $id =~ ^[0-9]+$ ]] || die "unexpected sbatch output: $out"
+    while :; do
+        state=$(scontrol show job "$id" -o 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2 || true)
+        case $state in
+        COMPLETED) return 0 ;;
+        FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE)
+            scontrol show job "$id" >&2 || true
+            fail_daemon slurmd "smoke job $id ended $state"
+            ;;
+        esac
+        if ((SECONDS >= deadline)); then
+            scontrol show job "$id" >&2 || true
+            scancel "$id" 2>/dev/null || true
+            fail_daemon slurmctld "smoke job $id still '$state' after ${WAIT_S}s"
+        fi
+        sleep 0.25
+    done
+}
+
+write_env_file() {
+    local text
+    text=$(
+        cat <<EOF
+SLURM_TESTBED_HOST=$SSH_HOST
+SLURM_TESTBED_PORT=$SSH_PORT
+SLURM_TESTBED_USER=$PORTAL_USER
+SLURM_TESTBED_KEY_FILE=$KEY_FILE
+SLURM_TESTBED_KNOWN_HOSTS=$KNOWN_HOSTS
+SLURM_TESTBED_CLUSTER=$CLUSTER
+SLURM_TESTBED_ACCOUNT=$ACCOUNT
+SLURM_TESTBED_PARTITIONS=$PARTITIONS
+EOF
+    )
+    write_if_changed "$ENV_FILE" 644 "$text" || true
+}
+
+all_up() {
+    local d
+    for d in "${DAEMONS[@]}"; do daemon_pid "$d" >/dev/null || return 1; done
+    [[ -s $ENV_FILE && -s $KEY_FILE && -s $KNOWN_HOSTS ]] || return 1
+    configs_current || return 1
+    ctld_ok && node_usable
+}
+
+stop_daemon() {
+    local pid i
+    pid=$(daemon_pid "$1") || { rm -f "$(pidfile "$1")"; return 0; }
+    log "stopping $1 (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < 60; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.25
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        log "$1 (pid $pid) ignored SIGTERM, killing it"
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$(pidfile "$1")"
+}
+
+stop_slurm() {
+    stop_daemon slurmd
+    stop_daemon slurmctld
+    stop_daemon slurmdbd
+}
+
+# ---------------------------------------------------------------- commands --
+cmd_up() {
+    local t0=$SECONDS
+    if all_up; then
+        log "already up ($ENV_FILE)"
+        return 0
+    fi
+    install -d -m 755 "$RUN_DIR" "$LOG_DIR"
+    ensure_packages
+    ensure_devices
+    ensure_user_and_keys
+    start_munged
+    ensure_database
+    if write_configs; then
+        # Slurm config changed under running daemons: restart them
+        local d
+        for d in slurmd slurmctld slurmdbd; do
+            if daemon_pid "$d" >/dev/null; then
+                log "configuration changed, restarting Slurm daemons"
+                stop_slurm
+                break
+            fi
+        done
+    fi
+    if daemon_pid sshd >/dev/null && ! /usr/sbin/sshd -t -f "$SSHD_CONFIG"; then
+        stop_daemon sshd
+    fi
+    start_slurmdbd
+    start_slurmctld
+    start_slurmd
+    start_sshd
+    ssh_portal true || { tail_log sshd; die "cannot log in as $PORTAL_USER over SSH on $SSH_HOST:$SSH_PORT"; }
+    smoke_job
+    write_env_file
+    log "up in $((SECONDS - t0))s; connection details in $ENV_FILE"
+}
+
+cmd_down() {
+    if daemon_pid slurmctld >/dev/null && ctld_ok; then
+        # don't leave job steps running without a slurmd
+        local ids
+        ids=$(squeue -h -o %i 2>/dev/null | tr '\n' ' ' || true)
+        if [[ -n ${ids// /} ]]; then
+            log "cancelling jobs $ids"
+            # shellcheck disable=SC2086
+            scancel $ids 2>/dev/null || true
+            wait_for 15 bash -c '[[ -z $(squeue -h -t R,CG -o %i 2>/dev/null) ]]' || true
+        fi
+    fi
+    stop_daemon sshd
+    stop_slurm
+    stop_daemon munged
+    log "down"
+}
+
+cmd_status() {
+    local d pid rc=0
+    for d in "${DAEMONS[@]}"; do
+        if pid=$(daemon_pid "$d"); then
+            echo "$d: running (pid $pid)"
+        else
+            echo "$d: stopped"
+            rc=1
+        fi
+    done
+    if ((rc == 0)); then
+        if ctld_ok; then
+            echo "cluster $CLUSTER: slurmctld answers; node $NODE is $(node_state)"
+            node_usable || rc=1
+        else
+            echo "cluster $CLUSTER: slurmctld does not answer"
+            rc=1
+        fi
+        [[ -s $ENV_FILE ]] && echo "env file: $ENV_FILE" || { echo "env file: missing"; rc=1; }
+    fi
+    return $rc
+}
+
+case ${1:-} in
+up) cmd_up ;;
+down) cmd_down ;;
+status) cmd_status ;;
+*)
+    echo "usage: $0 up|down|status" >&2
+    exit 2
+    ;;
+esac
