@@ -49,7 +49,9 @@ def connect(known_hosts: str | Path | None = None) -> paramiko.SSHClient:
     return client
 
 
-def run(client: paramiko.SSHClient, argv: list[str], stdin: str | None = None, timeout: float = 30) -> tuple[int, str, str]:
+def run(
+    client: paramiko.SSHClient, argv: list[str], stdin: str | None = None, timeout: float = 30
+) -> tuple[int, str, str]:
     """Run argv remotely; every argument is shell-quoted, the script goes on stdin."""
     command = " ".join(shlex.quote(arg) for arg in argv)
     chan_in, chan_out, chan_err = client.exec_command(command, timeout=timeout)
@@ -170,7 +172,9 @@ def test_wrong_or_unknown_host_key_is_refused(tmp_path):
 
     # a different key of the same type for the same host: man-in-the-middle
     other = Ed25519PrivateKey.generate().public_key()
-    other_line = other.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+    other_line = other.public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    ).decode()
     wrong = tmp_path / "wrong_known_hosts"
     wrong.write_text(f"{hostname} {other_line}\n")
     with pytest.raises(paramiko.BadHostKeyException) as excinfo:
@@ -205,16 +209,43 @@ def test_account_gpu_limit_is_enforced():
     client = connect()
     try:
         # as the unprivileged portal user: works only because it is a Slurm operator
-        check(client, ["sacctmgr", "-i", "add", "account", account, f"parent={parent}",
-                       f"cluster={env['SLURM_TESTBED_CLUSTER']}", "GrpTRES=gres/gpu=2"])
-        check(client, ["sacctmgr", "-i", "add", "user", user, f"account={account}",
-                       f"cluster={env['SLURM_TESTBED_CLUSTER']}"])
-        limits = check(client, ["sacctmgr", "-n", "-P", "show", "assoc", f"account={account}",
-                                "user=", "format=GrpTRES"])
+        check(
+            client,
+            [
+                "sacctmgr",
+                "-i",
+                "add",
+                "account",
+                account,
+                f"parent={parent}",
+                f"cluster={env['SLURM_TESTBED_CLUSTER']}",
+                "GrpTRES=gres/gpu=2",
+            ],
+        )
+        check(
+            client,
+            [
+                "sacctmgr",
+                "-i",
+                "add",
+                "user",
+                user,
+                f"account={account}",
+                f"cluster={env['SLURM_TESTBED_CLUSTER']}",
+            ],
+        )
+        limits = check(
+            client, ["sacctmgr", "-n", "-P", "show", "assoc", f"account={account}", "user=", "format=GrpTRES"]
+        )
         assert "gres/gpu=2" in limits, limits
 
-        options = [f"--account={account}", "--partition=h100", "--gres=gpu:h100:2", "--time=2",
-                   "--output=/dev/null"]
+        options = [
+            f"--account={account}",
+            "--partition=h100",
+            "--gres=gpu:h100:2",
+            "--time=2",
+            "--output=/dev/null",
+        ]
         script = job_script("sleep 30")
         job_ids.append(sbatch(client, options, script, retry_s=20))
         wait_until(f"job {job_ids[0]} to run", lambda: squeue_field(client, job_ids[0], "%T") == "RUNNING")
@@ -238,10 +269,12 @@ def test_account_gpu_limit_is_enforced():
                 )
 
             def deleted():
-                rc, out, err = run(client, ["sacctmgr", "-i", "delete", "account", account])
+                rc, _out, _err = run(client, ["sacctmgr", "-i", "delete", "account", account])
                 return rc == 0
 
             wait_until(f"account {account} to be deleted", deleted, timeout=30)
-            assert not check(client, ["sacctmgr", "-n", "-P", "list", "account", account, "format=account"]).strip()
+            assert not check(
+                client, ["sacctmgr", "-n", "-P", "list", "account", account, "format=account"]
+            ).strip()
         finally:
             client.close()

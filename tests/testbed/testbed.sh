@@ -65,13 +65,21 @@ logfile() {
     esac
 }
 
+# alive and not a zombie waiting to be reaped
+alive() {
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    stat=${stat##*) }
+    [[ ${stat:0:1} != Z ]]
+}
+
 # pid of a daemon we started, if it is alive (and is still that program)
 daemon_pid() {
     local f pid
     f=$(pidfile "$1")
     [[ -s $f ]] || return 1
     pid=$(tr -dc '0-9' <"$f")
-    [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 1
+    [[ -n $pid ]] && alive "$pid" || return 1
     [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$1" ]] || return 1
     echo "$pid"
 }
@@ -221,7 +229,7 @@ start_munged() {
     ensure_munge_files
     local pid
     pid=$({ tr -dc "0-9" </run/munge/munged.pid; } 2>/dev/null || true)
-    if [[ -n $pid && $(cat "/proc/$pid/comm" 2>/dev/null) == munged ]]; then
+    if [[ -n $pid ]] && alive "$pid" && [[ $(cat "/proc/$pid/comm" 2>/dev/null) == munged ]]; then
         # e.g. started by the package's init script: adopt it rather than fight over the socket
         log "adopting running munged (pid $pid)"
     else
@@ -502,11 +510,11 @@ stop_daemon() {
     pid=$(daemon_pid "$1") || { rm -f "$(pidfile "$1")"; return 0; }
     log "stopping $1 (pid $pid)"
     kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 60; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.25
+    for ((i = 0; i < 150; i++)); do
+        alive "$pid" || break
+        sleep 0.1
     done
-    if kill -0 "$pid" 2>/dev/null; then
+    if alive "$pid"; then
         log "$1 (pid $pid) ignored SIGTERM, killing it"
         kill -KILL "$pid" 2>/dev/null || true
     fi

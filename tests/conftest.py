@@ -1,0 +1,166 @@
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.core.cache import cache
+from rest_framework.test import APIClient
+
+from portal.core.services import token_create
+from tenants.models import Role
+from tests.factories import MembershipFactory, TenantFactory, UserFactory
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, *, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {timeout_s}s")
+
+
+def stop(proc: subprocess.Popen, *, timeout_s: float = 10) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout_s)
+
+
+@pytest.fixture(autouse=True)
+def _clean_cache() -> None:
+    """Throttle counters live in the cache; each test starts with none."""
+    cache.clear()
+
+
+# --- Personas (STYLE.md): platform admin, tenant owner, member, viewer, outsider.
+
+
+@pytest.fixture
+def tenant(db):
+    return TenantFactory(slug="protein-lab")
+
+
+@pytest.fixture
+def admin_user(db):
+    return UserFactory(username="admin", is_staff=True, is_superuser=True)
+
+
+@pytest.fixture
+def owner(tenant):
+    return MembershipFactory(tenant=tenant, role=Role.OWNER, user__username="owner").user
+
+
+@pytest.fixture
+def member(tenant):
+    return MembershipFactory(tenant=tenant, role=Role.MEMBER, user__username="member").user
+
+
+@pytest.fixture
+def viewer(tenant):
+    return MembershipFactory(tenant=tenant, role=Role.VIEWER, user__username="viewer").user
+
+
+@pytest.fixture
+def outsider(db):
+    return MembershipFactory(tenant__slug="other-team", role=Role.OWNER, user__username="outsider").user
+
+
+@pytest.fixture
+def anon_client() -> APIClient:
+    return APIClient()
+
+
+@pytest.fixture
+def client_for():
+    """client_for(user): an API client that sends a real token of that user."""
+
+    def make(user) -> APIClient:
+        _, key = token_create(user=user, name="test")
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+        return client
+
+    return make
+
+
+# --- Real services started by the suite.
+
+
+@pytest.fixture
+def redis_server(tmp_path) -> Iterator[dict]:
+    """A Redis server of the test's own on a free loopback port, so that a test may stop it."""
+    binary = shutil.which("redis-server")
+    assert binary, "redis-server is not installed (.ci/run installs it)"
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+         "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for_port(port, timeout_s=10, proc=proc)
+    yield {"url": f"redis://127.0.0.1:{port}/0", "proc": proc}
+    stop(proc)
+
+
+def database_url_of_test_db() -> str:
+    """The DATABASE_URL under which another process reaches the database pytest-django made."""
+    from django.db import connection
+
+    settings_dict = connection.settings_dict
+    if settings_dict["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{settings_dict['NAME']}"
+    host, port = settings_dict["HOST"] or "127.0.0.1", settings_dict["PORT"] or 5432
+    return f"postgres://{settings_dict['USER']}@{host}:{port}/{settings_dict['NAME']}"
+
+
+@pytest.fixture
+def celery_worker(transactional_db, tmp_path) -> Iterator[subprocess.Popen]:
+    """A real Celery worker process on the machine's Redis, sharing the test database."""
+    from django.conf import settings
+
+    from portal.celery import app
+
+    app.control.purge()
+    env = os.environ | {
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": database_url_of_test_db(),
+        "REDIS_URL": settings.REDIS_URL,
+    }
+    log = open(tmp_path / "worker.log", "w")  # noqa: SIM115  (closed below)
+    proc = subprocess.Popen(
+        [str(VENV_BIN / "celery"), "-A", "portal", "worker", "--pool", "solo", "--loglevel", "INFO",
+         "--hostname", f"test-{os.getpid()}@%h", "--without-gossip", "--without-mingle"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 30
+    while not app.control.ping(destination=[f"test-{os.getpid()}@{socket.gethostname()}"], timeout=0.5):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            log.close()
+            raise RuntimeError(f"Celery worker did not start:\n{(tmp_path / 'worker.log').read_text()[-3000:]}")
+    yield proc
+    stop(proc)
+    log.close()

@@ -1,0 +1,102 @@
+"""portal/settings.py and its strict environment readers."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from portal.envvars import email_config, env_bool, env_int, env_list
+from tests.conftest import ROOT
+
+
+def load_settings(tmp_path, **env) -> subprocess.CompletedProcess:
+    """Import portal.settings in a fresh interpreter, as `manage.py` would at start."""
+    clean = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "SECRET_KEY"}}
+    return subprocess.run(
+        [sys.executable, "-c", "import portal.settings as s; print(s.SECRET_KEY, s.DEBUG, s.DATABASES['default']['ENGINE'])"],
+        cwd=ROOT, env=clean | {"VAR_DIR": str(tmp_path)} | env, capture_output=True, text=True, timeout=60,
+    )
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("true", True), ("ON", True), ("1", True), ("no", False), ("0", False)])
+def test_env_bool_reads_the_usual_spellings(monkeypatch, raw, expected):
+    monkeypatch.setenv("SOME_FLAG", raw)
+    assert env_bool("SOME_FLAG", not expected) is expected
+
+
+def test_env_bool_refuses_a_typo(monkeypatch):
+    monkeypatch.setenv("SOME_FLAG", "flase")
+    with pytest.raises(ImproperlyConfigured, match="SOME_FLAG='flase' is not a boolean"):
+        env_bool("SOME_FLAG", False)
+
+
+def test_env_int_refuses_units_and_out_of_range(monkeypatch):
+    monkeypatch.setenv("SOME_TIMEOUT", "30s")
+    with pytest.raises(ImproperlyConfigured, match="SOME_TIMEOUT='30s' is not a whole number"):
+        env_int("SOME_TIMEOUT", 5)
+    monkeypatch.setenv("SOME_TIMEOUT", "0")
+    with pytest.raises(ImproperlyConfigured, match="below the minimum of 1"):
+        env_int("SOME_TIMEOUT", 5, minimum=1)
+
+
+def test_env_defaults_apply_to_unset_and_blank(monkeypatch):
+    monkeypatch.setenv("SOME_LIST", "  ")
+    assert env_list("SOME_LIST", ["a"]) == ["a"]
+    monkeypatch.setenv("SOME_LIST", "a.example, b.example,")
+    assert env_list("SOME_LIST", []) == ["a.example", "b.example"]
+
+
+def test_malformed_debug_stops_the_start_naming_the_variable(tmp_path):
+    result = load_settings(tmp_path, DEBUG="maybe")
+    assert result.returncode != 0
+    assert "DEBUG='maybe' is not a boolean" in result.stderr
+
+
+def test_time_limits_out_of_order_stop_the_start(tmp_path):
+    result = load_settings(tmp_path, CELERY_TASK_SOFT_TIME_LIMIT_S="400", CELERY_TASK_TIME_LIMIT_S="300")
+    assert result.returncode != 0
+    assert "CELERY_TASK_SOFT_TIME_LIMIT_S < CELERY_TASK_TIME_LIMIT_S < BROKER_VISIBILITY_TIMEOUT_S" in result.stderr
+
+
+def test_defaults_are_safe_and_secret_key_is_made_once(tmp_path):
+    first = load_settings(tmp_path)
+    assert first.returncode == 0, first.stderr
+    key, debug, engine = first.stdout.split()
+    assert debug == "False"
+    assert engine == "django.db.backends.sqlite3"
+    assert (tmp_path / "portal.sqlite3").parent == tmp_path
+    secret_file = tmp_path / "secret_key"
+    assert secret_file.stat().st_mode & 0o777 == 0o600
+    assert len(key) >= 50
+    second = load_settings(tmp_path)
+    assert second.stdout.split()[0] == key
+
+
+def test_secret_key_from_a_file(tmp_path):
+    secret = tmp_path / "key"
+    secret.write_text("k" * 40 + "\n")
+    result = load_settings(tmp_path, SECRET_KEY_FILE=str(secret))
+    assert result.stdout.split()[0] == "k" * 40
+    assert not (tmp_path / "secret_key").exists()
+
+
+def test_database_url_selects_postgresql(tmp_path):
+    result = load_settings(tmp_path, DATABASE_URL="postgres://portal@db.internal:5432/portal")
+    assert result.stdout.split()[2] == "django.db.backends.postgresql"
+
+
+def test_email_url_forms():
+    smtp = email_config("smtp+tls://mailer:p%40ss@mail.example.org:2525?from=gpu@example.org")
+    assert smtp["EMAIL_HOST"] == "mail.example.org"
+    assert smtp["EMAIL_PORT"] == 2525
+    assert smtp["EMAIL_HOST_PASSWORD"] == "p@ss"
+    assert smtp["EMAIL_USE_TLS"] is True
+    assert smtp["DEFAULT_FROM_EMAIL"] == "gpu@example.org"
+    assert email_config("smtps://mail.example.org")["EMAIL_PORT"] == 465
+    assert email_config("file:///var/mail")["EMAIL_FILE_PATH"] == "/var/mail"
+    with pytest.raises(ImproperlyConfigured, match="scheme 'pop3'"):
+        email_config("pop3://mail.example.org")
+    with pytest.raises(ImproperlyConfigured, match="names no SMTP host"):
+        email_config("smtp://")
