@@ -605,9 +605,15 @@ cmd_status() {
     return $rc
 }
 
+# serialise concurrent up/down (e.g. parallel test workers)
+lock() {
+    exec 9>"$STATE/.lock"
+    flock -w 900 9 || die "could not lock $STATE/.lock"
+}
+
 case ${1:-} in
-up) cmd_up ;;
-down) cmd_down ;;
+up) lock && cmd_up ;;
+down) lock && cmd_down ;;
 status) cmd_status ;;
 *)
     echo "usage: $0 up|down|status" >&2
