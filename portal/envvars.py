@@ -49,7 +49,9 @@ def env_bool(name: str, default: bool) -> bool:
         return True
     if value.lower() in _FALSE:
         return False
-    raise ImproperlyConfigured(f"{name}={value!r} is not a boolean: use one of true/false, 1/0, yes/no, on/off")
+    raise ImproperlyConfigured(
+        f"{name}={value!r} is not a boolean: use one of true/false, 1/0, yes/no, on/off"
+    )
 
 
 def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -111,7 +113,8 @@ def email_config(url: str) -> dict[str, object]:
             raise ImproperlyConfigured("EMAIL_URL has a port that is not a number") from None
         config |= {
             "EMAIL_HOST": parts.hostname,
-            "EMAIL_PORT": port or (465 if parts.scheme == "smtps" else 587 if parts.scheme == "smtp+tls" else 25),
+            "EMAIL_PORT": port
+            or (465 if parts.scheme == "smtps" else 587 if parts.scheme == "smtp+tls" else 25),
             "EMAIL_HOST_USER": unquote(parts.username or ""),
             "EMAIL_HOST_PASSWORD": unquote(parts.password or ""),
             "EMAIL_USE_TLS": parts.scheme == "smtp+tls",

@@ -7,7 +7,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from portal.envvars import env_bool, env_choice, env_int, env_list, env_secret, env_str, email_config
+from portal.envvars import email_config, env_bool, env_choice, env_int, env_list, env_secret, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")))
@@ -255,7 +255,13 @@ LOGGING = {
     "handlers": {
         "stderr": {"class": "logging.StreamHandler", "formatter": "json"},
         **(
-            {"file": {"class": "logging.handlers.WatchedFileHandler", "filename": LOG_FILE, "formatter": "json"}}
+            {
+                "file": {
+                    "class": "logging.handlers.WatchedFileHandler",
+                    "filename": LOG_FILE,
+                    "formatter": "json",
+                }
+            }
             if LOG_FILE
             else {}
         ),

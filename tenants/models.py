@@ -3,7 +3,9 @@ from django.core.validators import RegexValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-slug_validator = RegexValidator(r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$", _("Lowercase letters, digits and inner hyphens."))
+slug_validator = RegexValidator(
+    r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$", _("Lowercase letters, digits and inner hyphens.")
+)
 
 
 class Tier(models.TextChoices):
@@ -49,7 +51,9 @@ class Membership(models.Model):
     joined = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="membership_one_per_user_tenant")]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="membership_one_per_user_tenant")
+        ]
         ordering = ["tenant_id", "user_id"]
 
     def __str__(self) -> str:

@@ -115,8 +115,19 @@ def redis_server(tmp_path) -> Iterator[dict]:
     assert binary, "redis-server is not installed (.ci/run installs it)"
     port = free_port()
     proc = subprocess.Popen(
-        [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-         "--dir", str(tmp_path)],
+        [
+            binary,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -151,16 +162,33 @@ def celery_worker(transactional_db, tmp_path) -> Iterator[subprocess.Popen]:
     }
     log = open(tmp_path / "worker.log", "w")  # noqa: SIM115  (closed below)
     proc = subprocess.Popen(
-        [str(VENV_BIN / "celery"), "-A", "portal", "worker", "--pool", "solo", "--loglevel", "INFO",
-         "--hostname", f"test-{os.getpid()}@%h", "--without-gossip", "--without-mingle"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        [
+            str(VENV_BIN / "celery"),
+            "-A",
+            "portal",
+            "worker",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "INFO",
+            "--hostname",
+            f"test-{os.getpid()}@%h",
+            "--without-gossip",
+            "--without-mingle",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 30
     while not app.control.ping(destination=[f"test-{os.getpid()}@{socket.gethostname()}"], timeout=0.5):
         if proc.poll() is not None or time.monotonic() > deadline:
             stop(proc)
             log.close()
-            raise RuntimeError(f"Celery worker did not start:\n{(tmp_path / 'worker.log').read_text()[-3000:]}")
+            raise RuntimeError(
+                f"Celery worker did not start:\n{(tmp_path / 'worker.log').read_text()[-3000:]}"
+            )
     yield proc
     stop(proc)
     log.close()

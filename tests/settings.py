@@ -20,7 +20,12 @@ from portal.settings import *  # noqa: E402, F403
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed: hashing is not under test
 # The cache (throttle counters) on its own Redis database, so that a test can clear it without
 # touching the Celery broker's keys on database 15.
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL.rsplit("/", 1)[0] + "/14"}}  # noqa: F405
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL.rsplit("/", 1)[0] + "/14",  # noqa: F405
+    }
+}
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
     # A file, not pytest-django's in-memory default, so that a Celery worker process can share it.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-portal.sqlite3")}  # noqa: F405

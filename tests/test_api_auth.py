@@ -11,7 +11,9 @@ PROBLEM = "application/problem+json"
 
 
 def test_token_is_shown_once_and_stored_hashed(anon_client, member):
-    response = anon_client.post("/api/v1/auth/token/", {"username": "member", "password": PASSWORD, "name": "laptop"})
+    response = anon_client.post(
+        "/api/v1/auth/token/", {"username": "member", "password": PASSWORD, "name": "laptop"}
+    )
     assert response.status_code == 201
     body = response.json()
     assert set(body) == {"id", "name", "token", "created"}
@@ -49,7 +51,10 @@ def test_inactive_user_gets_no_token_and_loses_existing_ones(anon_client, client
     member.is_active = False
     member.save()
     assert client.get("/api/v1/me/").status_code == 401
-    assert anon_client.post("/api/v1/auth/token/", {"username": "member", "password": PASSWORD}).status_code == 400
+    assert (
+        anon_client.post("/api/v1/auth/token/", {"username": "member", "password": PASSWORD}).status_code
+        == 400
+    )
 
 
 def test_revoked_token_stops_working(client_for, member):
@@ -109,7 +114,8 @@ def test_session_login_works_for_the_browser(member, client):
 
     strict = Client(enforce_csrf_checks=True)
     strict.force_login(member)
-    response = strict.post("/api/v1/auth/token/", {"username": "member", "password": PASSWORD},
-                           content_type="application/json")
+    response = strict.post(
+        "/api/v1/auth/token/", {"username": "member", "password": PASSWORD}, content_type="application/json"
+    )
     assert response.status_code == 201  # the token endpoint takes credentials, not the session
     assert strict.delete(f"/api/v1/auth/tokens/{response.json()['id']}/").status_code == 403

@@ -57,4 +57,3 @@ def test_every_variable_set_is_one_the_portal_reads(name):
     environment = COMPOSE["services"][name]["environment"]
     unknown = sorted(set(environment) - READ)
     assert not unknown, f"{name} sets variables the portal never reads: {unknown}"
-

@@ -14,7 +14,9 @@ from tests.conftest import ROOT, free_port, wait_for_port
 
 
 def http(method: str, url: str, body: dict | None = None, token: str | None = None) -> tuple[int, dict | str]:
-    request = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body else None)
+    assert url.startswith("http://127.0.0.1:")  # loopback only
+    data = json.dumps(body).encode() if body else None
+    request = urllib.request.Request(url, method=method, data=data)  # noqa: S310
     request.add_header("Content-Type", "application/json")
     if token:
         request.add_header("Authorization", f"Token {token}")
@@ -31,16 +33,26 @@ def embedded_portal(tmp_path_factory):
     """One portal for the module; the last test stops it with Ctrl-C."""
     tmp_path = tmp_path_factory.mktemp("embedded")
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE"}}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE"}
+    }
     env |= {"VAR_DIR": str(tmp_path), "PORT": str(port), "WORKER_CONCURRENCY": "1", "WEB_CONCURRENCY": "1"}
     log = open(tmp_path / "run.log", "w")  # noqa: SIM115  (closed below)
     started = time.monotonic()
-    proc = subprocess.Popen(["scripts/run"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        ["scripts/run"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         wait_for_port(port, timeout_s=60, proc=proc)
-        yield {"url": f"http://127.0.0.1:{port}", "var": tmp_path, "env": env, "proc": proc,
-               "ready_s": time.monotonic() - started}
+        yield {
+            "url": f"http://127.0.0.1:{port}",
+            "var": tmp_path,
+            "env": env,
+            "proc": proc,
+            "ready_s": time.monotonic() - started,
+        }
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal sends
@@ -60,7 +72,9 @@ def test_make_run_serves_the_portal_and_a_demo_user_can_use_the_api(embedded_por
 
     logins = json.loads((embedded_portal["var"] / "demo-logins.txt").read_text())
     assert (embedded_portal["var"] / "demo-logins.txt").stat().st_mode & 0o777 == 0o600
-    status, created = http("POST", f"{url}/api/v1/auth/token/", {"username": "carol", "password": logins["carol"]})
+    status, created = http(
+        "POST", f"{url}/api/v1/auth/token/", {"username": "carol", "password": logins["carol"]}
+    )
     assert status == 201
     status, me = http("GET", f"{url}/api/v1/me/", token=created["token"])
     assert status == 200
@@ -69,8 +83,14 @@ def test_make_run_serves_the_portal_and_a_demo_user_can_use_the_api(embedded_por
 
 def test_the_worker_is_a_separate_process_on_the_serverless_broker(embedded_portal):
     code = "from portal.core.tasks import ping; print(ping.delay().get(timeout=40))"
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=embedded_portal["env"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=embedded_portal["env"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.stdout.strip() == "pong", result.stderr[-2000:]
     assert list((embedded_portal["var"] / "celery" / "results").iterdir())
 

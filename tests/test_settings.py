@@ -15,12 +15,22 @@ def load_settings(tmp_path, **env) -> subprocess.CompletedProcess:
     """Import portal.settings in a fresh interpreter, as `manage.py` would at start."""
     clean = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "SECRET_KEY"}}
     return subprocess.run(
-        [sys.executable, "-c", "import portal.settings as s; print(s.SECRET_KEY, s.DEBUG, s.DATABASES['default']['ENGINE'])"],
-        cwd=ROOT, env=clean | {"VAR_DIR": str(tmp_path)} | env, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "import portal.settings as s; print(s.SECRET_KEY, s.DEBUG, s.DATABASES['default']['ENGINE'])",
+        ],
+        cwd=ROOT,
+        env=clean | {"VAR_DIR": str(tmp_path)} | env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
-@pytest.mark.parametrize(("raw", "expected"), [("true", True), ("ON", True), ("1", True), ("no", False), ("0", False)])
+@pytest.mark.parametrize(
+    ("raw", "expected"), [("true", True), ("ON", True), ("1", True), ("no", False), ("0", False)]
+)
 def test_env_bool_reads_the_usual_spellings(monkeypatch, raw, expected):
     monkeypatch.setenv("SOME_FLAG", raw)
     assert env_bool("SOME_FLAG", not expected) is expected
@@ -57,7 +67,10 @@ def test_malformed_debug_stops_the_start_naming_the_variable(tmp_path):
 def test_time_limits_out_of_order_stop_the_start(tmp_path):
     result = load_settings(tmp_path, CELERY_TASK_SOFT_TIME_LIMIT_S="400", CELERY_TASK_TIME_LIMIT_S="300")
     assert result.returncode != 0
-    assert "CELERY_TASK_SOFT_TIME_LIMIT_S < CELERY_TASK_TIME_LIMIT_S < BROKER_VISIBILITY_TIMEOUT_S" in result.stderr
+    assert (
+        "CELERY_TASK_SOFT_TIME_LIMIT_S < CELERY_TASK_TIME_LIMIT_S < BROKER_VISIBILITY_TIMEOUT_S"
+        in result.stderr
+    )
 
 
 def test_defaults_are_safe_and_secret_key_is_made_once(tmp_path):

@@ -3,7 +3,8 @@
 from django.urls import path
 from rest_framework.views import APIView
 
-from portal.urls import handler404, handler500, urlpatterns as portal_urlpatterns  # noqa: F401
+from portal.urls import handler404, handler500  # noqa: F401
+from portal.urls import urlpatterns as portal_urlpatterns
 
 
 class Boom(APIView):

@@ -24,7 +24,9 @@ class TokenCreate(APIView):
     def post(self, request):
         data = TokenIn(data=request.data)
         data.is_valid(raise_exception=True)
-        user = authenticate(request, username=data.validated_data["username"], password=data.validated_data["password"])
+        user = authenticate(
+            request, username=data.validated_data["username"], password=data.validated_data["password"]
+        )
         if user is None:
             # One message for an unknown user and a wrong password: nothing to enumerate.
             raise ValidationError({"password": ["Unable to log in with these credentials."]})

@@ -110,7 +110,9 @@ def problem_exception_handler(exc: Exception, context: dict) -> Response:
     if isinstance(exc, PortalError):
         set_rollback()
         return Response(
-            problem(exc.status, exc.code, exc.detail, **exc.extra), status=exc.status, content_type=PROBLEM_CONTENT_TYPE
+            problem(exc.status, exc.code, exc.detail, **exc.extra),
+            status=exc.status,
+            content_type=PROBLEM_CONTENT_TYPE,
         )
     response = exception_handler(exc, context)
     if response is None:
@@ -136,4 +138,6 @@ def api_not_found(request: HttpRequest, exception: Exception | None = None) -> J
 
 
 def api_server_error(request: HttpRequest) -> JsonResponse:
-    return problem_response(500, "server_error", "The server failed to answer this request; it has been logged.")
+    return problem_response(
+        500, "server_error", "The server failed to answer this request; it has been logged."
+    )

@@ -46,4 +46,5 @@ class AuditEvent(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.at:%Y-%m-%d %H:%M} {self.actor_username or 'system'} {self.action} {self.target_type}:{self.target_id}"
+        who = self.actor_username or "system"
+        return f"{self.at:%Y-%m-%d %H:%M} {who} {self.action} {self.target_type}:{self.target_id}"

@@ -26,4 +26,6 @@ class CursorPage(CursorPagination):
         try:
             return super().decode_cursor(request)
         except NotFound:
-            raise ValidationError({"cursor": ["Invalid cursor: use the next or previous link as given."]}) from None
+            raise ValidationError(
+                {"cursor": ["Invalid cursor: use the next or previous link as given."]}
+            ) from None
