@@ -1,0 +1,26 @@
+"""manage.py demo_data: the logins `make run` prints."""
+
+import json
+
+import pytest
+from django.contrib.auth import authenticate, get_user_model
+from django.core.management import call_command
+
+from tenants.models import Membership, Role
+
+
+@pytest.mark.django_db
+def test_demo_data_is_idempotent_and_its_logins_work(tmp_path, capsys, settings):
+    settings.VAR_DIR = tmp_path
+    call_command("demo_data")
+    first = capsys.readouterr().out
+    call_command("demo_data")
+    assert capsys.readouterr().out == first
+    logins = json.loads((tmp_path / "demo-logins.txt").read_text())
+    assert set(logins) == {"admin", "alice", "bob", "carol", "dave", "erin"}
+    assert get_user_model().objects.count() == 6
+    assert authenticate(username="admin", password=logins["admin"]).is_staff
+    assert authenticate(username="dave", password=logins["dave"]) is not None
+    roles = set(Membership.objects.filter(tenant__slug="protein-lab").values_list("role", flat=True))
+    assert roles == set(Role.values)
+    assert logins["carol"] in first
