@@ -6,6 +6,7 @@ from django.views import defaults
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
+from clusters.urls import api_urlpatterns as clusters_api
 from portal.core import api as core_api
 from portal.core import errors
 from portal.core import views as core_views
@@ -21,6 +22,7 @@ api_v1 = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     *router.urls,
+    *clusters_api,
 ]
 
 urlpatterns = [

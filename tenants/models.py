@@ -30,7 +30,7 @@ class Role(models.TextChoices):
 class Tenant(models.Model):
     """A research team. On each cluster it becomes a Slurm account or a Kubernetes namespace."""
 
-    slug = models.CharField(max_length=64, unique=True, validators=[slug_validator])
+    slug = models.CharField(max_length=63, unique=True, validators=[slug_validator])
     name = models.CharField(max_length=200)
     tier = models.CharField(max_length=16, choices=Tier.choices, default=Tier.NORMAL)
     state = models.CharField(max_length=16, choices=TenantState.choices, default=TenantState.ACTIVE)

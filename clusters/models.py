@@ -1,0 +1,142 @@
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from portal.core.validators import slug_validator
+
+
+class Vendor(models.TextChoices):
+    NVIDIA = "nvidia", "NVIDIA"
+    AMD = "amd", "AMD"
+    CAMBRICON = "cambricon", "Cambricon"
+    HYGON = "hygon", "Hygon"
+
+
+class GpuModel(models.Model):
+    """An accelerator model, with the datasheet figures researchers choose by and the names
+    each scheduler knows it by."""
+
+    slug = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    vendor = models.CharField(max_length=16, choices=Vendor.choices)
+    name = models.CharField(max_length=64)
+    memory_gb = models.PositiveIntegerField()
+    fp64_tflops = models.FloatField(validators=[MinValueValidator(0)])
+    fp32_tflops = models.FloatField(validators=[MinValueValidator(0)])
+    fp16_tflops = models.FloatField(validators=[MinValueValidator(0)], help_text=_("Dense FP16 tensor throughput"))
+    memory_bandwidth_gbs = models.PositiveIntegerField()
+    interconnect = models.CharField(max_length=64, help_text=_("e.g. NVLink 4 (900 GB/s), PCIe 4.0"))
+    interconnect_gbs = models.PositiveIntegerField(help_text=_("GPU-to-GPU bandwidth in GB/s"))
+    ecc = models.BooleanField()
+    cost_index = models.PositiveIntegerField(
+        help_text=_("Relative cost of one GPU-hour, H100-80GB = 100; ranks models where cost matters")
+    )
+    slurm_gres = models.CharField(max_length=32, help_text=_("Slurm GRES type, as in --gres=gpu:TYPE:N"))
+    k8s_resource = models.CharField(max_length=64, help_text=_("Kubernetes extended resource name"))
+    k8s_product = models.CharField(max_length=128, help_text=_("Node label value of the GPU product"))
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Scenario(models.Model):
+    """A workload profile: it ranks the GPU models that suit it and carries job defaults."""
+
+    slug = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=100)
+    description = models.TextField()
+    default_walltime_minutes = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    env = models.JSONField(default=dict, blank=True, help_text=_("Environment defaults for jobs"))
+    gpu_models = models.ManyToManyField(GpuModel, through="ScenarioGpu", related_name="scenarios")
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ScenarioGpu(models.Model):
+    scenario = models.ForeignKey(Scenario, on_delete=models.CASCADE, related_name="ranking")
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="+")
+    rank = models.PositiveSmallIntegerField(help_text=_("1 suits the scenario best"))
+    reason = models.CharField(max_length=300)
+
+    class Meta:
+        ordering = ["scenario_id", "rank"]
+        constraints = [
+            models.UniqueConstraint(fields=["scenario", "gpu_model"], name="scenario_gpu_once"),
+            models.UniqueConstraint(fields=["scenario", "rank"], name="scenario_rank_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scenario.slug} #{self.rank}: {self.gpu_model.slug}"
+
+
+class ClusterKind(models.TextChoices):
+    SLURM = "slurm", "Slurm"
+    KUBERNETES = "kubernetes", "Kubernetes"
+    LOCAL = "local", _("Local")
+
+
+class Cluster(models.Model):
+    """Where jobs run. Secrets (SSH private key, Kubernetes token and kubeconfig) are
+    write-only: forms and the admin accept them, nothing shows or returns them."""
+
+    slug = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=16, choices=ClusterKind.choices)
+    enabled = models.BooleanField(default=True)
+    # Slurm: the login node the portal reaches over SSH.
+    ssh_host = models.CharField(max_length=255, blank=True)
+    ssh_port = models.PositiveIntegerField(default=22)
+    ssh_user = models.CharField(max_length=64, blank=True)
+    ssh_known_hosts = models.TextField(blank=True, help_text=_("known_hosts lines for the login node"))
+    ssh_private_key = models.TextField(blank=True)
+    slurm_cluster_name = models.CharField(max_length=64, blank=True)
+    scratch_root = models.CharField(max_length=255, blank=True)
+    # Kubernetes: a kubeconfig, or an API URL with token and CA.
+    k8s_api_url = models.URLField(blank=True)
+    k8s_ca_cert = models.TextField(blank=True)
+    k8s_token = models.TextField(blank=True)
+    kubeconfig = models.TextField(blank=True)
+    uses_kueue = models.BooleanField(default=False)
+    # Local: GPUs on the portal's own machine; 0 means "as many as nvidia-smi finds".
+    local_gpus = models.PositiveIntegerField(default=0)
+    # Health, as the last check saw it.
+    healthy = models.BooleanField(default=False)
+    health_detail = models.CharField(max_length=500, blank=True)
+    health_checked_at = models.DateTimeField(null=True, blank=True)
+
+    SECRET_FIELDS = ("ssh_private_key", "k8s_token", "kubeconfig")
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Partition(models.Model):
+    """A Slurm partition or a Kubernetes node pool: one GPU model."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="partitions")
+    name = models.CharField(max_length=64)
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="partitions")
+    gpus_per_node = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    nodes = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    max_walltime_minutes = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    gpus_free = models.PositiveIntegerField(null=True, blank=True, help_text=_("From the last inventory"))
+
+    class Meta:
+        ordering = ["cluster_id", "name"]
+        constraints = [models.UniqueConstraint(fields=["cluster", "name"], name="partition_name_per_cluster")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.slug}/{self.name}"
+
+    @property
+    def gpus_total(self) -> int:
+        return self.gpus_per_node * self.nodes
