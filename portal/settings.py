@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "rest_framework",
+    "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "guardian",
@@ -189,10 +190,21 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
     "heartbeat": {"task": "portal.core.tasks.heartbeat", "schedule": 30.0, "options": {"expires": 25}},
+    "expire-quota-requests": {
+        "task": "tenants.tasks.expire_quota_requests",
+        "schedule": 3600.0,
+        "options": {"expires": 3000},
+    },
+    "remind-grants-ending": {
+        "task": "tenants.tasks.remind_grants_ending",
+        "schedule": 3600.0,
+        "options": {"expires": 3000},
+    },
 }
 
 # --- Mail
-EMAIL_URL = env_secret("EMAIL_URL") or f"file://{VAR_DIR / 'mail'}"
+EMAIL_URL = env_secret("EMAIL_URL") or "console://"
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT_S", 10, minimum=1)
 DEFAULT_FROM_EMAIL = "GPU portal <portal@localhost>"
 SERVER_EMAIL = DEFAULT_FROM_EMAIL
 globals().update(email_config(EMAIL_URL))
@@ -216,6 +228,7 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "EXCEPTION_HANDLER": "portal.core.errors.problem_exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
@@ -232,6 +245,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "TenantStateEnum": "tenants.models.TenantState",
+        "QuotaRequestStateEnum": "tenants.models.RequestState",
+    },
 }
 
 # --- Health

@@ -10,7 +10,7 @@ from clusters.urls import api_urlpatterns as clusters_api
 from portal.core import api as core_api
 from portal.core import errors
 from portal.core import views as core_views
-from tenants import api as tenants_api
+from tenants.urls import api_urlpatterns as tenants_api
 from tenants import views as tenants_views
 
 router = SimpleRouter()
@@ -18,10 +18,10 @@ router.register("auth/tokens", core_api.TokenViewSet, basename="token")
 
 api_v1 = [
     path("auth/token/", core_api.TokenCreate.as_view(), name="token-create"),
-    path("me/", tenants_api.Me.as_view(), name="me"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     *router.urls,
+    *tenants_api,
     *clusters_api,
 ]
 

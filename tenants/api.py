@@ -1,9 +1,59 @@
+"""Tenants, members, quota requests, grants and the audit log (API.md). Views parse, check the
+caller's role through tenant_perms(), and call one selector or service."""
+
+from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from tenants.selectors import memberships_of
-from tenants.serializers import MeOut
+from portal.core.errors import Forbidden
+from portal.core.models import AuditEvent
+from tenants import roles, services
+from tenants.filters import AuditFilter, QuotaFilter, QuotaRequestFilter
+from tenants.models import Membership, QuotaGrant, QuotaRequest, Role, Tenant
+from tenants.selectors import (
+    audit_visible_to,
+    grants_visible_to,
+    members_of,
+    memberships_of,
+    quota_requests_visible_to,
+    tenant_perms,
+    tenants_visible_to,
+)
+from tenants.serializers import (
+    ApprovalIn,
+    AuditOut,
+    DecisionIn,
+    MemberIn,
+    MemberOut,
+    MemberPatch,
+    MeOut,
+    QuotaOut,
+    QuotaRequestIn,
+    QuotaRequestOut,
+    TenantIn,
+    TenantOut,
+    TenantPatch,
+)
+
+
+def require(user, tenant: Tenant, perm: str) -> None:
+    """403 for a caller who sees the tenant but whose role lacks `perm` (404 came earlier)."""
+    if perm not in tenant_perms(user=user, tenant=tenant):
+        raise Forbidden(f"Your role in {tenant.slug} does not allow this.")
+
+
+def require_staff(user) -> None:
+    if not user.is_staff:
+        raise Forbidden("Only platform admins may do this.")
+
+
+def parsed(serializer_class, request, **kwargs) -> dict:
+    serializer = serializer_class(data=request.data, context={"request": request}, **kwargs)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
 
 
 class Me(APIView):
@@ -19,3 +69,141 @@ class Me(APIView):
             "tenants": list(memberships_of(user=user)),
         }
         return Response(MeOut(me).data)
+
+
+class TenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = TenantOut
+    queryset = Tenant.objects.none()
+    lookup_field = "slug"
+
+    def get_queryset(self):
+        return tenants_visible_to(user=self.request.user)
+
+    @extend_schema(request=TenantIn, responses={201: TenantOut})
+    def create(self, request):
+        require_staff(request.user)
+        data = parsed(TenantIn, request)
+        tenant = services.tenant_create(actor=request.user, **data)
+        return Response(TenantOut(tenant).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=TenantPatch, responses=TenantOut)
+    def partial_update(self, request, slug=None):
+        tenant = self.get_object()
+        changes = parsed(TenantPatch, request)
+        if changes.keys() & {"tier", "state"}:
+            require_staff(request.user)
+        if changes.keys() & {"name", "contact_email"}:
+            require(request.user, tenant, roles.CHANGE)
+        tenant = services.tenant_update(actor=request.user, tenant=tenant, changes=changes)
+        return Response(TenantOut(tenant).data)
+
+
+class MemberViewSet(viewsets.GenericViewSet):
+    """Members of one tenant. Managers manage members; only owners make or unmake owners."""
+
+    serializer_class = MemberOut
+    queryset = Membership.objects.none()
+    lookup_field = "username"
+
+    def tenant(self) -> Tenant:
+        if not hasattr(self, "_tenant"):
+            self._tenant = get_object_or_404(tenants_visible_to(user=self.request.user), slug=self.kwargs["tenant_slug"])
+        return self._tenant
+
+    def get_queryset(self):
+        return members_of(tenant=self.tenant())
+
+    def _require_manage(self, *touched_roles: str) -> None:
+        tenant = self.tenant()
+        require(self.request.user, tenant, roles.MANAGE_MEMBERS)
+        if Role.OWNER in touched_roles:
+            require(self.request.user, tenant, roles.CHANGE)  # owners (and admins) only
+
+    def list(self, request, tenant_slug=None):
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(MemberOut(page, many=True).data)
+
+    @extend_schema(request=MemberIn, responses={201: MemberOut})
+    def create(self, request, tenant_slug=None):
+        data = parsed(MemberIn, request)
+        self._require_manage(data["role"])
+        membership = services.membership_add(
+            actor=request.user, tenant=self.tenant(), user=data["username"], role=data["role"]
+        )
+        return Response(MemberOut(membership).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=MemberPatch, responses=MemberOut)
+    def partial_update(self, request, tenant_slug=None, username=None):
+        membership = get_object_or_404(self.get_queryset(), user__username=username)
+        data = parsed(MemberPatch, request)
+        self._require_manage(membership.role, data["role"])
+        membership = services.membership_change_role(actor=request.user, membership=membership, role=data["role"])
+        return Response(MemberOut(membership).data)
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request, tenant_slug=None, username=None):
+        membership = get_object_or_404(self.get_queryset(), user__username=username)
+        if membership.user_id != request.user.id:  # anyone may leave; removing others takes the role
+            self._require_manage(membership.role)
+        services.membership_remove(actor=request.user, membership=membership)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class QuotaRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = QuotaRequestOut
+    queryset = QuotaRequest.objects.none()
+    filterset_class = QuotaRequestFilter
+
+    def get_queryset(self):
+        return quota_requests_visible_to(user=self.request.user)
+
+    @extend_schema(request=QuotaRequestIn, responses={201: QuotaRequestOut})
+    def create(self, request):
+        data = parsed(QuotaRequestIn, request)
+        require(request.user, data["tenant"], roles.REQUEST_QUOTA)
+        quota_request = services.quota_request_create(actor=request.user, **data)
+        return Response(QuotaRequestOut(quota_request).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request, pk=None):
+        """Withdraw a pending request; it stays listed as withdrawn."""
+        quota_request = self.get_object()
+        require(request.user, quota_request.tenant, roles.REQUEST_QUOTA)
+        services.quota_request_withdraw(actor=request.user, request=quota_request)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=ApprovalIn, responses=QuotaRequestOut)
+    @action(detail=True, methods=["post"])
+    def approve(self, request, pk=None):
+        quota_request = self.get_object()
+        require_staff(request.user)
+        data = parsed(ApprovalIn, request)
+        quota_request = services.quota_request_approve(actor=request.user, request=quota_request, **data)
+        return Response(QuotaRequestOut(quota_request).data)
+
+    @extend_schema(request=DecisionIn, responses=QuotaRequestOut)
+    @action(detail=True, methods=["post"])
+    def reject(self, request, pk=None):
+        quota_request = self.get_object()
+        require_staff(request.user)
+        data = parsed(DecisionIn, request)
+        quota_request = services.quota_request_reject(actor=request.user, request=quota_request, **data)
+        return Response(QuotaRequestOut(quota_request).data)
+
+
+class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = QuotaOut
+    queryset = QuotaGrant.objects.none()
+    filterset_class = QuotaFilter
+
+    def get_queryset(self):
+        return grants_visible_to(user=self.request.user)
+
+
+class AuditViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    serializer_class = AuditOut
+    queryset = AuditEvent.objects.none()
+    filterset_class = AuditFilter
+
+    def get_queryset(self):
+        return audit_visible_to(user=self.request.user)

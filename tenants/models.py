@@ -1,11 +1,15 @@
-from django.conf import settings
-from django.core.validators import RegexValidator
-from django.db import models
-from django.utils.translation import gettext_lazy as _
+from decimal import Decimal
 
-slug_validator = RegexValidator(
-    r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$", _("Lowercase letters, digits and inner hyphens.")
-)
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import F, Q
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+from guardian.models import GroupObjectPermissionBase, UserObjectPermissionBase
+
+from clusters.models import GpuModel, Scenario
+from portal.core.validators import slug_validator
 
 
 class Tier(models.TextChoices):
@@ -39,9 +43,35 @@ class Tenant(models.Model):
 
     class Meta:
         ordering = ["slug"]
+        # Object permissions that roles grant (tenants/roles.py holds the table).
+        permissions = [
+            ("manage_members", "Add, remove and change members"),
+            ("request_quota", "Request and withdraw quota"),
+            ("submit_job", "Submit jobs and cancel one's own"),
+            ("cancel_any_job", "Cancel any job of the tenant"),
+            ("view_audit", "Read the tenant's audit log"),
+        ]
 
     def __str__(self) -> str:
         return self.slug
+
+    @property
+    def is_active(self) -> bool:
+        return self.state == TenantState.ACTIVE
+
+
+class TenantUserPermission(UserObjectPermissionBase):
+    """Guardian's per-object user permissions with a real foreign key to Tenant: an indexed
+    join instead of guardian's generic text object_pk, which is slow to filter on at scale."""
+
+    content_object = models.ForeignKey(Tenant, on_delete=models.CASCADE)
+
+    class Meta(UserObjectPermissionBase.Meta):
+        pass  # unique (user, permission, content_object) is also the index the visibility query uses
+
+
+class TenantGroupPermission(GroupObjectPermissionBase):
+    content_object = models.ForeignKey(Tenant, on_delete=models.CASCADE)
 
 
 class Membership(models.Model):
@@ -51,10 +81,100 @@ class Membership(models.Model):
     joined = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["user", "tenant"], name="membership_one_per_user_tenant")
-        ]
+        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="membership_one_per_user_tenant")]
         ordering = ["tenant_id", "user_id"]
 
     def __str__(self) -> str:
         return f"{self.user} in {self.tenant} as {self.role}"
+
+
+class RequestState(models.TextChoices):
+    PENDING = "pending", _("Pending")
+    APPROVED = "approved", _("Approved")
+    PARTIALLY_APPROVED = "partially_approved", _("Partially approved")
+    REJECTED = "rejected", _("Rejected")
+    WITHDRAWN = "withdrawn", _("Withdrawn")
+    EXPIRED = "expired", _("Expired")
+
+
+class QuotaGrant(models.Model):
+    """Limits a tenant may use for one scenario on one GPU model, and the ledger against them.
+
+    gpu_hours_reserved holds what waiting and running jobs may still use (GPUs × walltime);
+    gpu_hours_used what finished jobs did use. The check constraints make an overshoot
+    impossible even for a writer that forgets the row lock."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="grants")
+    scenario = models.ForeignKey(Scenario, on_delete=models.PROTECT, related_name="+")
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="+")
+    gpus = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    gpu_hours = models.DecimalField(max_digits=12, decimal_places=2)
+    starts_on = models.DateField()
+    ends_on = models.DateField()
+    gpus_in_use = models.PositiveIntegerField(default=0)
+    gpu_hours_reserved = models.DecimalField(max_digits=12, decimal_places=2, default=Decimal(0))
+    gpu_hours_used = models.DecimalField(max_digits=12, decimal_places=2, default=Decimal(0))
+    created = models.DateTimeField(auto_now_add=True)
+    # The last reminder mailed before the end (7 or 1 days), so that each goes out once.
+    reminded_days_before = models.PositiveSmallIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["tenant", "scenario", "gpu_model", "ends_on"], name="grant_match")]
+        constraints = [
+            models.CheckConstraint(condition=Q(gpus_in_use__lte=F("gpus")), name="grant_gpus_within_limit"),
+            models.CheckConstraint(
+                condition=Q(gpu_hours_reserved__gte=0, gpu_hours_used__gte=0), name="grant_ledger_not_negative"
+            ),
+            models.CheckConstraint(
+                condition=Q(gpu_hours_reserved__lte=F("gpu_hours") - F("gpu_hours_used")),
+                name="grant_reservations_within_hours",
+            ),
+            models.CheckConstraint(condition=Q(ends_on__gte=F("starts_on")), name="grant_window_ordered"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.slug}: {self.gpus}× {self.gpu_model.slug} for {self.scenario.slug}"
+
+    @property
+    def gpu_hours_remaining(self) -> Decimal:
+        return self.gpu_hours - self.gpu_hours_used - self.gpu_hours_reserved
+
+    def is_active_on(self, day) -> bool:
+        return self.starts_on <= day <= self.ends_on
+
+    @property
+    def active(self) -> bool:
+        return self.is_active_on(timezone.localdate())
+
+
+class QuotaRequest(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="quota_requests")
+    scenario = models.ForeignKey(Scenario, on_delete=models.PROTECT, related_name="+")
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="+")
+    gpus = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    gpu_hours = models.DecimalField(max_digits=12, decimal_places=2)
+    starts_on = models.DateField()
+    ends_on = models.DateField()
+    justification = models.TextField()
+    state = models.CharField(max_length=24, choices=RequestState.choices, default=RequestState.PENDING)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created = models.DateTimeField(auto_now_add=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_note = models.TextField(blank=True)
+    grant = models.OneToOneField(
+        QuotaGrant, null=True, blank=True, on_delete=models.SET_NULL, related_name="request"
+    )
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["tenant", "state", "-id"], name="quota_request_list")]
+        constraints = [
+            models.CheckConstraint(condition=Q(ends_on__gte=F("starts_on")), name="request_window_ordered"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.tenant.slug}: {self.gpus}× {self.gpu_model.slug} ({self.state})"

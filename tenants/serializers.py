@@ -1,4 +1,17 @@
+from decimal import Decimal
+
+from django.contrib.auth import get_user_model
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+
+from clusters.models import GpuModel, Scenario
+from portal.core.models import AuditEvent
+from tenants.models import Membership, QuotaGrant, QuotaRequest, Role, Tenant, TenantState, Tier
+from tenants.selectors import tenants_visible_to
+
+MAX_GPUS = 100_000
+MAX_GPU_HOURS = Decimal("100000000")
 
 
 class MeTenantOut(serializers.Serializer):
@@ -12,3 +25,129 @@ class MeOut(serializers.Serializer):
     email = serializers.EmailField()
     is_staff = serializers.BooleanField()
     tenants = MeTenantOut(many=True)
+
+
+class TenantOut(serializers.ModelSerializer):
+    class Meta:
+        model = Tenant
+        fields = ["slug", "name", "tier", "state", "contact_email", "created"]
+
+
+class TenantIn(serializers.Serializer):
+    slug = serializers.SlugField(max_length=63)
+    name = serializers.CharField(max_length=200)
+    tier = serializers.ChoiceField(choices=Tier.choices, default=Tier.NORMAL)
+    contact_email = serializers.EmailField(required=False, allow_blank=True, default="")
+    owner = serializers.SlugRelatedField(
+        slug_field="username", queryset=get_user_model().objects.filter(is_active=True), required=False
+    )
+
+
+class TenantPatch(serializers.Serializer):
+    name = serializers.CharField(max_length=200, required=False)
+    contact_email = serializers.EmailField(required=False, allow_blank=True)
+    tier = serializers.ChoiceField(choices=Tier.choices, required=False)
+    state = serializers.ChoiceField(choices=TenantState.choices, required=False)
+
+
+class MemberOut(serializers.ModelSerializer):
+    username = serializers.CharField(source="user.username")
+
+    class Meta:
+        model = Membership
+        fields = ["username", "role", "joined"]
+
+
+class MemberIn(serializers.Serializer):
+    username = serializers.SlugRelatedField(
+        slug_field="username", queryset=get_user_model().objects.filter(is_active=True)
+    )
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+class MemberPatch(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+@extend_schema_field(OpenApiTypes.STR)
+class VisibleTenantField(serializers.SlugRelatedField):
+    """A tenant slug among those the caller may see: another tenant's slug reads as unknown,
+    exactly like one that does not exist."""
+
+    def __init__(self, **kwargs):
+        super().__init__(slug_field="slug", **kwargs)
+
+    def get_queryset(self):
+        return tenants_visible_to(user=self.context["request"].user)
+
+
+class QuotaRequestIn(serializers.Serializer):
+    tenant = VisibleTenantField()
+    scenario = serializers.SlugRelatedField(slug_field="slug", queryset=Scenario.objects.all())
+    gpu_model = serializers.SlugRelatedField(slug_field="slug", queryset=GpuModel.objects.all())
+    gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS)
+    gpu_hours = serializers.DecimalField(
+        max_digits=12, decimal_places=2, min_value=Decimal("0.01"), max_value=MAX_GPU_HOURS
+    )
+    starts_on = serializers.DateField()
+    ends_on = serializers.DateField()
+    justification = serializers.CharField(max_length=5000)
+
+
+class QuotaRequestOut(serializers.ModelSerializer):
+    id = serializers.CharField(read_only=True)
+    tenant = serializers.CharField(source="tenant.slug")
+    scenario = serializers.CharField(source="scenario.slug")
+    gpu_model = serializers.CharField(source="gpu_model.slug")
+    gpu_hours = serializers.DecimalField(max_digits=12, decimal_places=2, coerce_to_string=False)
+    requested_by = serializers.CharField(source="requested_by.username", default=None)
+    decided_by = serializers.CharField(source="decided_by.username", default=None)
+    grant = serializers.CharField(source="grant_id", default=None)
+
+    class Meta:
+        model = QuotaRequest
+        fields = [
+            "id", "tenant", "scenario", "gpu_model", "gpus", "gpu_hours", "starts_on", "ends_on",
+            "justification", "state", "requested_by", "created", "decided_by", "decided_at",
+            "decision_note", "grant",
+        ]  # fmt: skip
+
+
+class DecisionIn(serializers.Serializer):
+    note = serializers.CharField(max_length=5000)
+
+
+class ApprovalIn(DecisionIn):
+    gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS, required=False)
+    gpu_hours = serializers.DecimalField(
+        max_digits=12, decimal_places=2, min_value=Decimal("0.01"), max_value=MAX_GPU_HOURS, required=False
+    )
+    ends_on = serializers.DateField(required=False)
+
+
+class QuotaOut(serializers.ModelSerializer):
+    id = serializers.CharField(read_only=True)
+    tenant = serializers.CharField(source="tenant.slug")
+    scenario = serializers.CharField(source="scenario.slug")
+    gpu_model = serializers.CharField(source="gpu_model.slug")
+    gpu_hours = serializers.DecimalField(max_digits=12, decimal_places=2, coerce_to_string=False)
+    gpu_hours_used = serializers.DecimalField(max_digits=12, decimal_places=2, coerce_to_string=False)
+    gpu_hours_reserved = serializers.DecimalField(max_digits=12, decimal_places=2, coerce_to_string=False)
+    gpu_hours_remaining = serializers.DecimalField(max_digits=12, decimal_places=2, coerce_to_string=False)
+    active = serializers.BooleanField()
+
+    class Meta:
+        model = QuotaGrant
+        fields = [
+            "id", "tenant", "scenario", "gpu_model", "gpus", "gpus_in_use", "gpu_hours", "gpu_hours_used",
+            "gpu_hours_reserved", "gpu_hours_remaining", "starts_on", "ends_on", "active",
+        ]  # fmt: skip
+
+
+class AuditOut(serializers.ModelSerializer):
+    actor = serializers.CharField(source="actor_username")
+    tenant = serializers.CharField(source="tenant_slug")
+
+    class Meta:
+        model = AuditEvent
+        fields = ["at", "actor", "tenant", "action", "target_type", "target_id", "data"]

@@ -61,6 +61,24 @@ class Conflict(PortalError):
     pass
 
 
+class Forbidden(PortalError):
+    """The caller can see the object but their role does not allow the action."""
+
+    status = status.HTTP_403_FORBIDDEN
+    code = "permission_denied"
+
+
+class Invalid(PortalError):
+    """A rule of the domain that input breaks, named by field like a serializer's error."""
+
+    status = status.HTTP_400_BAD_REQUEST
+    code = "invalid"
+
+    def __init__(self, errors: dict[str, str | list[str]]):
+        flat = {field: [m] if isinstance(m, str) else list(m) for field, m in errors.items()}
+        super().__init__(f"Invalid input: {', '.join(sorted(flat))}.", extra={"errors": flat})
+
+
 class Unavailable(PortalError):
     status = status.HTTP_503_SERVICE_UNAVAILABLE
     code = "unavailable"
