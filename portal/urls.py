@@ -10,8 +10,8 @@ from clusters.urls import api_urlpatterns as clusters_api
 from portal.core import api as core_api
 from portal.core import errors
 from portal.core import views as core_views
-from tenants.urls import api_urlpatterns as tenants_api
 from tenants import views as tenants_views
+from tenants.urls import api_urlpatterns as tenants_api
 
 router = SimpleRouter()
 router.register("auth/tokens", core_api.TokenViewSet, basename="token")

@@ -107,7 +107,9 @@ class MemberViewSet(viewsets.GenericViewSet):
 
     def tenant(self) -> Tenant:
         if not hasattr(self, "_tenant"):
-            self._tenant = get_object_or_404(tenants_visible_to(user=self.request.user), slug=self.kwargs["tenant_slug"])
+            self._tenant = get_object_or_404(
+                tenants_visible_to(user=self.request.user), slug=self.kwargs["tenant_slug"]
+            )
         return self._tenant
 
     def get_queryset(self):
@@ -137,7 +139,9 @@ class MemberViewSet(viewsets.GenericViewSet):
         membership = get_object_or_404(self.get_queryset(), user__username=username)
         data = parsed(MemberPatch, request)
         self._require_manage(membership.role, data["role"])
-        membership = services.membership_change_role(actor=request.user, membership=membership, role=data["role"])
+        membership = services.membership_change_role(
+            actor=request.user, membership=membership, role=data["role"]
+        )
         return Response(MemberOut(membership).data)
 
     @extend_schema(responses={204: None})

@@ -81,7 +81,9 @@ class Membership(models.Model):
     joined = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="membership_one_per_user_tenant")]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="membership_one_per_user_tenant")
+        ]
         ordering = ["tenant_id", "user_id"]
 
     def __str__(self) -> str:
@@ -124,7 +126,8 @@ class QuotaGrant(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(gpus_in_use__lte=F("gpus")), name="grant_gpus_within_limit"),
             models.CheckConstraint(
-                condition=Q(gpu_hours_reserved__gte=0, gpu_hours_used__gte=0), name="grant_ledger_not_negative"
+                condition=Q(gpu_hours_reserved__gte=0, gpu_hours_used__gte=0),
+                name="grant_ledger_not_negative",
             ),
             models.CheckConstraint(
                 condition=Q(gpu_hours_reserved__lte=F("gpu_hours") - F("gpu_hours_used")),
@@ -158,7 +161,9 @@ class QuotaRequest(models.Model):
     ends_on = models.DateField()
     justification = models.TextField()
     state = models.CharField(max_length=24, choices=RequestState.choices, default=RequestState.PENDING)
-    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created = models.DateTimeField(auto_now_add=True)
     decided_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

@@ -12,7 +12,9 @@ CANCEL_ANY_JOB = "cancel_any_job"
 VIEW_AUDIT = "view_audit"
 
 ROLE_PERMISSIONS: dict[Role, frozenset[str]] = {
-    Role.OWNER: frozenset({VIEW, CHANGE, MANAGE_MEMBERS, REQUEST_QUOTA, SUBMIT_JOB, CANCEL_ANY_JOB, VIEW_AUDIT}),
+    Role.OWNER: frozenset(
+        {VIEW, CHANGE, MANAGE_MEMBERS, REQUEST_QUOTA, SUBMIT_JOB, CANCEL_ANY_JOB, VIEW_AUDIT}
+    ),
     Role.MANAGER: frozenset({VIEW, MANAGE_MEMBERS, REQUEST_QUOTA, SUBMIT_JOB, CANCEL_ANY_JOB, VIEW_AUDIT}),
     Role.MEMBER: frozenset({VIEW, SUBMIT_JOB}),
     Role.VIEWER: frozenset({VIEW}),

@@ -52,8 +52,10 @@ def memberships_of(*, user: AbstractBaseUser) -> QuerySet[Membership]:
 
 
 def members_of(*, tenant: Tenant) -> QuerySet[Membership]:
-    return Membership.objects.filter(tenant=tenant).select_related("user").only(
-        "id", "role", "joined", "tenant_id", "user__username"
+    return (
+        Membership.objects.filter(tenant=tenant)
+        .select_related("user")
+        .only("id", "role", "joined", "tenant_id", "user__username")
     )
 
 
@@ -78,7 +80,10 @@ def audit_visible_to(*, user: AbstractBaseUser) -> QuerySet[AuditEvent]:
 
 def staff_emails() -> list[str]:
     return list(
-        get_user_model().objects.filter(is_staff=True, is_active=True).exclude(email="").values_list("email", flat=True)
+        get_user_model()
+        .objects.filter(is_staff=True, is_active=True)
+        .exclude(email="")
+        .values_list("email", flat=True)
     )
 
 

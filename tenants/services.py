@@ -67,7 +67,9 @@ def tenant_update(*, actor: AbstractBaseUser, tenant: Tenant, changes: dict) -> 
     changed = {f: [before[f], v] for f, v in changes.items() if before[f] != v}
     for field in ("tier", "state"):
         if field in changed:
-            audit_record(actor=actor, action=f"tenant.{field}", target=tenant, tenant=tenant, data=changed[field])
+            audit_record(
+                actor=actor, action=f"tenant.{field}", target=tenant, tenant=tenant, data=changed[field]
+            )
     if changed.keys() - {"tier", "state"}:
         audit_record(actor=actor, action="tenant.update", target=tenant, tenant=tenant, data=changed)
     return tenant
@@ -102,7 +104,9 @@ def _owners_for_update(tenant: Tenant) -> list[int]:
 
 
 @transaction.atomic
-def membership_add(*, actor: AbstractBaseUser | None, tenant: Tenant, user: AbstractBaseUser, role: Role) -> Membership:
+def membership_add(
+    *, actor: AbstractBaseUser | None, tenant: Tenant, user: AbstractBaseUser, role: Role
+) -> Membership:
     """The user joins the tenant with a role and its permissions."""
     if Membership.objects.filter(tenant=tenant, user=user).exists():
         raise Conflict(f"{user.get_username()} is already a member of {tenant.slug}.")
@@ -282,8 +286,15 @@ def _decide(*, actor: AbstractBaseUser, request: QuotaRequest, note: str, grant:
     request.save(update_fields=["state", "decided_by", "decided_at", "decision_note", "grant"])
     data = {"note": note}
     if grant is not None:
-        data |= {"grant": grant.pk, "gpus": grant.gpus, "gpu_hours": str(grant.gpu_hours), "ends_on": str(grant.ends_on)}
-    audit_record(actor=actor, action=f"quota_request.{request.state}", target=request, tenant=request.tenant, data=data)
+        data |= {
+            "grant": grant.pk,
+            "gpus": grant.gpus,
+            "gpu_hours": str(grant.gpu_hours),
+            "ends_on": str(grant.ends_on),
+        }
+    audit_record(
+        actor=actor, action=f"quota_request.{request.state}", target=request, tenant=request.tenant, data=data
+    )
     mail_on_commit(
         template="request_decided",
         to=tenant_manager_emails(tenant=request.tenant),
@@ -295,7 +306,9 @@ def _decide(*, actor: AbstractBaseUser, request: QuotaRequest, note: str, grant:
 def quota_requests_expire(*, today: date | None = None) -> int:
     """Pending requests whose window has passed become expired; returns how many."""
     today = today or timezone.localdate()
-    expired = list(QuotaRequest.objects.select_for_update().filter(state=RequestState.PENDING, ends_on__lt=today))
+    expired = list(
+        QuotaRequest.objects.select_for_update().filter(state=RequestState.PENDING, ends_on__lt=today)
+    )
     for request in expired:
         request.state = RequestState.EXPIRED
         request.save(update_fields=["state"])
@@ -353,7 +366,9 @@ def grant_take_gpus(*, grant_id: int, gpus: int) -> bool:
 
 
 @transaction.atomic
-def grant_settle(*, grant_id: int, reserved_gpu_hours: Decimal, used_gpu_hours: Decimal, gpus: int) -> QuotaGrant:
+def grant_settle(
+    *, grant_id: int, reserved_gpu_hours: Decimal, used_gpu_hours: Decimal, gpus: int
+) -> QuotaGrant:
     """A job ended: release its reservation and its GPUs, charge what it really used (never
     more than it reserved)."""
     grant = grant_for_update(grant_id=grant_id)

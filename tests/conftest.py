@@ -13,7 +13,8 @@ from rest_framework.test import APIClient
 
 from portal.core.services import token_create
 from tenants.models import Role
-from tests.factories import MembershipFactory, TenantFactory, UserFactory
+from tenants.services import membership_add
+from tests.factories import TenantFactory, UserFactory, catalog_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -57,9 +58,21 @@ def _clean_cache() -> None:
 # --- Personas (STYLE.md): platform admin, tenant owner, member, viewer, outsider.
 
 
+def join(tenant, username: str, role: Role):
+    """A user in the tenant with the role, through the service (so guardian permissions too)."""
+    user = UserFactory(username=username)
+    membership_add(actor=None, tenant=tenant, user=user, role=role)
+    return user
+
+
 @pytest.fixture
 def tenant(db):
     return TenantFactory(slug="protein-lab")
+
+
+@pytest.fixture
+def other_tenant(db):
+    return TenantFactory(slug="other-team")
 
 
 @pytest.fixture
@@ -69,22 +82,33 @@ def admin_user(db):
 
 @pytest.fixture
 def owner(tenant):
-    return MembershipFactory(tenant=tenant, role=Role.OWNER, user__username="owner").user
+    return join(tenant, "owner", Role.OWNER)
+
+
+@pytest.fixture
+def manager(tenant):
+    return join(tenant, "manager", Role.MANAGER)
 
 
 @pytest.fixture
 def member(tenant):
-    return MembershipFactory(tenant=tenant, role=Role.MEMBER, user__username="member").user
+    return join(tenant, "member", Role.MEMBER)
 
 
 @pytest.fixture
 def viewer(tenant):
-    return MembershipFactory(tenant=tenant, role=Role.VIEWER, user__username="viewer").user
+    return join(tenant, "viewer", Role.VIEWER)
 
 
 @pytest.fixture
-def outsider(db):
-    return MembershipFactory(tenant__slug="other-team", role=Role.OWNER, user__username="outsider").user
+def outsider(other_tenant):
+    return join(other_tenant, "outsider", Role.OWNER)
+
+
+@pytest.fixture
+def catalog(db):
+    """(scenario, gpu_model): ai-training and H100-80GB, which the scenario lists."""
+    return catalog_pair()
 
 
 @pytest.fixture
