@@ -6,6 +6,8 @@ is logged and answered as a 500 without detail, so no internal text reaches a cl
 
 import logging
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -125,6 +127,14 @@ def _validation_problem(exc: exceptions.ValidationError) -> dict:
 
 
 def problem_exception_handler(exc: Exception, context: dict) -> Response:
+    if isinstance(exc, RequestDataTooBig):
+        # Django raises this while DRF reads the body; unhandled it would be a 500.
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return Response(
+            problem(413, "invalid", f"The request body is larger than {limit} bytes."),
+            status=413,
+            content_type=PROBLEM_CONTENT_TYPE,
+        )
     if isinstance(exc, PortalError):
         set_rollback()
         return Response(
