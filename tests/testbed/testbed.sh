@@ -234,7 +234,7 @@ start_munged() {
         log "adopting running munged (pid $pid)"
     else
         log "starting munged"
-        runuser -u munge -- /usr/sbin/munged ||
+        runuser -u munge -- /usr/sbin/munged 9>&- ||
             fail_daemon munged "munged did not start (another munged running?)"
     fi
     wait_for 10 test -s /run/munge/munged.pid || fail_daemon munged "munged wrote no pid file"
@@ -382,7 +382,7 @@ sacctmgr_q() { sacctmgr -n -P "$@"; }
 start_slurmdbd() {
     if ! daemon_pid slurmdbd >/dev/null; then
         log "starting slurmdbd"
-        /usr/sbin/slurmdbd || fail_daemon slurmdbd "slurmdbd did not start"
+        /usr/sbin/slurmdbd 9>&- || fail_daemon slurmdbd "slurmdbd did not start"
     fi
     wait_for "$WAIT_S" sacctmgr_q list cluster format=cluster ||
         fail_daemon slurmdbd "slurmdbd does not answer sacctmgr within ${WAIT_S}s"
@@ -420,7 +420,7 @@ node_usable() {
 start_slurmctld() {
     if ! daemon_pid slurmctld >/dev/null; then
         log "starting slurmctld"
-        /usr/sbin/slurmctld || fail_daemon slurmctld "slurmctld did not start"
+        /usr/sbin/slurmctld 9>&- || fail_daemon slurmctld "slurmctld did not start"
     fi
     wait_for "$WAIT_S" ctld_ok || fail_daemon slurmctld "slurmctld does not answer 'scontrol ping' within ${WAIT_S}s"
 }
@@ -428,7 +428,7 @@ start_slurmctld() {
 start_slurmd() {
     if ! daemon_pid slurmd >/dev/null; then
         log "starting slurmd"
-        /usr/sbin/slurmd || fail_daemon slurmd "slurmd did not start"
+        /usr/sbin/slurmd 9>&- || fail_daemon slurmd "slurmd did not start"
     fi
     if ! wait_for 20 node_usable; then
         # e.g. DOWN after an unclean stop: ReturnToService=2 should cover it, nudge anyway
@@ -443,7 +443,7 @@ start_sshd() {
     install -d -m 755 /run/sshd
     /usr/sbin/sshd -t -f "$SSHD_CONFIG" || die "sshd rejects $SSHD_CONFIG"
     log "starting sshd on $SSH_HOST:$SSH_PORT"
-    /usr/sbin/sshd -f "$SSHD_CONFIG" -E "$(logfile sshd)" || fail_daemon sshd "sshd did not start"
+    /usr/sbin/sshd -f "$SSHD_CONFIG" -E "$(logfile sshd)" 9>&- || fail_daemon sshd "sshd did not start"
     wait_for 10 daemon_pid sshd || fail_daemon sshd "sshd wrote no pid file"
 }
 
