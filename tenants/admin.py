@@ -1,11 +1,47 @@
-from django.contrib import admin
+"""The admin console for tenants and quota. Every write with a side effect (permissions, grants,
+mail, audit) goes through tenants.services, exactly as the API's do."""
 
-from tenants.models import Membership, Tenant
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.db.models import Sum
+from django.shortcuts import get_object_or_404, redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+from django.utils.translation import gettext_lazy as _
+
+from portal.core.errors import PortalError
+from tenants import services
+from tenants.models import Membership, QuotaGrant, QuotaRequest, RequestState, Role, Tenant
+
+
+class MembershipFormSet(forms.BaseInlineFormSet):
+    def add_fields(self, form, index):
+        super().add_fields(form, index)
+        if form.instance.pk:
+            # A member's user is fixed; to swap people, remove one and add the other.
+            form.fields["user"].disabled = True
+
+    def clean(self):
+        super().clean()
+        kept_owners = [
+            form
+            for form in self.forms
+            if form.cleaned_data
+            and not form.cleaned_data.get("DELETE")
+            and form.cleaned_data.get("role") == Role.OWNER
+        ]
+        if self.instance.pk and not kept_owners:
+            raise ValidationError(_("A tenant keeps at least one owner."))
 
 
 class MembershipInline(admin.TabularInline):
     model = Membership
+    formset = MembershipFormSet
     extra = 0
+    fields = ["user", "role", "joined"]
+    readonly_fields = ["joined"]
     autocomplete_fields = ["user"]
 
 
@@ -15,3 +51,197 @@ class TenantAdmin(admin.ModelAdmin):
     list_filter = ["tier", "state"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["slug"] if obj else []
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            created = services.tenant_create(
+                actor=request.user,
+                slug=obj.slug,
+                name=obj.name,
+                tier=obj.tier,
+                contact_email=obj.contact_email,
+            )
+            obj.pk, obj.created = created.pk, created.created
+            return
+        changes = {field: form.cleaned_data[field] for field in form.changed_data}
+        services.tenant_update(actor=request.user, tenant=Tenant.objects.get(pk=obj.pk), changes=changes)
+
+    def save_formset(self, request, form, formset, change):
+        # Instead of formset.save(): each change through its service, then what the admin's
+        # history message reads from a saved formset.
+        tenant = form.instance
+        formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
+        for inline_form in formset.forms:
+            data = inline_form.cleaned_data
+            if not data:
+                continue
+            membership = inline_form.instance
+            if data.get("DELETE") and membership.pk:
+                services.membership_remove(actor=request.user, membership=membership)
+                formset.deleted_objects.append(membership)
+            elif not membership.pk and not data.get("DELETE"):
+                added = services.membership_add(
+                    actor=request.user, tenant=tenant, user=data["user"], role=data["role"]
+                )
+                formset.new_objects.append(added)
+            elif "role" in inline_form.changed_data:
+                original = Membership.objects.get(pk=membership.pk)
+                services.membership_change_role(actor=request.user, membership=original, role=data["role"])
+                formset.changed_objects.append((original, ["role"]))
+
+
+class DecisionForm(forms.Form):
+    decision = forms.ChoiceField(choices=[("approve", _("Approve")), ("reject", _("Reject"))])
+    note = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), help_text=_("Sent to the team by mail."))
+    gpus = forms.IntegerField(min_value=1, required=False, help_text=_("Lower to approve in part"))
+    gpu_hours = forms.DecimalField(min_value=0.01, max_digits=12, decimal_places=2, required=False)
+    ends_on = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+
+
+class BulkNoteForm(forms.Form):
+    note = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}))
+
+
+@admin.register(QuotaRequest)
+class QuotaRequestAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "tenant",
+        "scenario",
+        "gpu_model",
+        "gpus",
+        "gpu_hours",
+        "starts_on",
+        "ends_on",
+        "state",
+        "requested_by",
+        "created",
+        "decide_link",
+    ]
+    list_filter = ["state", "scenario", "gpu_model"]
+    search_fields = ["tenant__slug", "justification"]
+    list_select_related = ["tenant", "scenario", "gpu_model", "requested_by"]
+    actions = ["approve_selected", "reject_selected"]
+    readonly_fields = [f.name for f in QuotaRequest._meta.fields]
+
+    def has_add_permission(self, request):
+        return False  # teams request through the portal or the API
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description=_("Decision"))
+    def decide_link(self, obj):
+        if obj.state != RequestState.PENDING:
+            return "—"
+        return format_html(
+            '<a href="{}">{}</a>', reverse("admin:tenants_quotarequest_decide", args=[obj.pk]), _("Decide")
+        )
+
+    def get_urls(self):
+        decide = self.admin_site.admin_view(self.decide_view)
+        return [path("<int:pk>/decide/", decide, name="tenants_quotarequest_decide"), *super().get_urls()]
+
+    def decide_view(self, request, pk: int):
+        """The request beside the tenant's grants, usage and other requests, and the decision form."""
+        quota_request = get_object_or_404(
+            QuotaRequest.objects.select_related("tenant", "scenario", "gpu_model"), pk=pk
+        )
+        form = DecisionForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            try:
+                if data["decision"] == "approve":
+                    lowered = {k: data[k] for k in ("gpus", "gpu_hours", "ends_on") if data[k] is not None}
+                    services.quota_request_approve(
+                        actor=request.user, request=quota_request, note=data["note"], **lowered
+                    )
+                else:
+                    services.quota_request_reject(
+                        actor=request.user, request=quota_request, note=data["note"]
+                    )
+            except PortalError as exc:
+                form.add_error(None, f"{exc.detail} {exc.extra.get('errors', '')}".strip())
+            else:
+                self.message_user(request, _("Request #%(id)s decided.") % {"id": pk}, messages.SUCCESS)
+                return redirect("admin:tenants_quotarequest_changelist")
+        grants = QuotaGrant.objects.filter(tenant=quota_request.tenant).select_related(
+            "scenario", "gpu_model"
+        )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Decide quota request #%(id)s") % {"id": pk},
+            "opts": self.model._meta,
+            "quota_request": quota_request,
+            "form": form,
+            "grants": grants,
+            "usage": grants.aggregate(used=Sum("gpu_hours_used"), reserved=Sum("gpu_hours_reserved")),
+            "other_requests": QuotaRequest.objects.filter(tenant=quota_request.tenant).exclude(pk=pk)[:10],
+        }
+        return TemplateResponse(request, "admin/tenants/decide.html", context)
+
+    def _bulk(self, request, queryset, decide, verb: str):
+        form = BulkNoteForm(request.POST if "note" in request.POST else None)
+        if form.is_valid():
+            done = failed = 0
+            for quota_request in queryset:
+                try:
+                    decide(actor=request.user, request=quota_request, note=form.cleaned_data["note"])
+                    done += 1
+                except PortalError:
+                    failed += 1
+            self.message_user(
+                request,
+                _("%(done)d decided, %(failed)d skipped (no longer pending).")
+                % {"done": done, "failed": failed},
+            )
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": verb,
+            "opts": self.model._meta,
+            "requests": queryset,
+            "form": form,
+            "action": request.POST["action"],
+        }
+        return TemplateResponse(request, "admin/tenants/bulk_decide.html", context)
+
+    @admin.action(description=_("Approve selected requests as asked"))
+    def approve_selected(self, request, queryset):
+        return self._bulk(request, queryset, services.quota_request_approve, _("Approve quota requests"))
+
+    @admin.action(description=_("Reject selected requests"))
+    def reject_selected(self, request, queryset):
+        return self._bulk(request, queryset, services.quota_request_reject, _("Reject quota requests"))
+
+
+@admin.register(QuotaGrant)
+class QuotaGrantAdmin(admin.ModelAdmin):
+    """Grants come from approvals; the ledger moves only through the services."""
+
+    list_display = [
+        "id",
+        "tenant",
+        "scenario",
+        "gpu_model",
+        "gpus",
+        "gpus_in_use",
+        "gpu_hours",
+        "gpu_hours_used",
+        "gpu_hours_reserved",
+        "starts_on",
+        "ends_on",
+    ]
+    list_filter = ["scenario", "gpu_model"]
+    search_fields = ["tenant__slug"]
+    list_select_related = ["tenant", "scenario", "gpu_model"]
+    readonly_fields = [f.name for f in QuotaGrant._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

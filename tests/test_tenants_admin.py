@@ -1,0 +1,120 @@
+"""The admin console for tenants and quota: it writes through the same services as the API."""
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.core import mail
+from django.utils import timezone
+
+from portal.core.models import AuditEvent
+from tenants.models import Membership, QuotaGrant, QuotaRequest, RequestState, Role, Tenant
+from tenants.roles import ROLE_PERMISSIONS
+from tenants.selectors import tenant_perms
+from tests.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+
+TODAY = timezone.localdate()
+
+
+@pytest.fixture
+def admin_client(client, admin_user):
+    client.force_login(admin_user)
+    return client
+
+
+def make_request(tenant, catalog, **overrides) -> QuotaRequest:
+    scenario, gpu_model = catalog
+    fields = {"tenant": tenant, "scenario": scenario, "gpu_model": gpu_model, "gpus": 8, "gpu_hours": Decimal(500),
+              "starts_on": TODAY, "ends_on": TODAY + timedelta(days=60), "justification": "Protein LM"}  # fmt: skip
+    return QuotaRequest.objects.create(**fields | overrides)
+
+
+def test_decide_page_shows_the_request_beside_the_tenants_grants(admin_client, tenant, catalog):
+    scenario, gpu_model = catalog
+    QuotaGrant.objects.create(tenant=tenant, scenario=scenario, gpu_model=gpu_model, gpus=4, gpu_hours=Decimal(100),
+                              gpu_hours_used=Decimal(42), starts_on=TODAY, ends_on=TODAY + timedelta(days=5))  # fmt: skip
+    request = make_request(tenant, catalog)
+    page = admin_client.get(f"/admin/tenants/quotarequest/{request.pk}/decide/").content.decode()
+    assert "Protein LM" in page
+    assert "42.00 / 0.00 / 100.00" in page  # used / reserved / granted of the existing grant
+
+
+def test_approving_in_part_from_the_console_creates_the_grant(
+    admin_client, tenant, owner, catalog, django_capture_on_commit_callbacks
+):
+    request = make_request(tenant, catalog)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = admin_client.post(
+            f"/admin/tenants/quotarequest/{request.pk}/decide/",
+            {"decision": "approve", "note": "Four for now.", "gpus": 4},
+        )
+    assert response.status_code == 302
+    request.refresh_from_db()
+    assert request.state == RequestState.PARTIALLY_APPROVED
+    assert request.grant.gpus == 4
+    assert mail.outbox[-1].to == [owner.email]
+
+
+def test_raising_a_figure_in_the_console_shows_the_error(admin_client, tenant, catalog):
+    request = make_request(tenant, catalog)
+    response = admin_client.post(
+        f"/admin/tenants/quotarequest/{request.pk}/decide/", {"decision": "approve", "note": "x", "gpus": 80}
+    )
+    assert response.status_code == 200
+    assert "not raise it" in response.content.decode()
+    assert not QuotaGrant.objects.exists()
+
+
+def test_bulk_reject_asks_for_a_note_then_decides_each(admin_client, tenant, catalog):
+    pending = [make_request(tenant, catalog), make_request(tenant, catalog)]
+    decided = make_request(tenant, catalog, state=RequestState.WITHDRAWN)
+    ids = [str(r.pk) for r in [*pending, decided]]
+    url = "/admin/tenants/quotarequest/"
+    form = admin_client.post(url, {"action": "reject_selected", "_selected_action": ids})
+    assert form.status_code == 200 and 'name="note"' in form.content.decode()
+    done = admin_client.post(url, {"action": "reject_selected", "_selected_action": ids, "note": "Budget closed."},
+                             follow=True)  # fmt: skip
+    assert "2 decided, 1 skipped" in done.content.decode()
+    assert {r.state for r in QuotaRequest.objects.filter(pk__in=[p.pk for p in pending])} == {
+        RequestState.REJECTED
+    }
+    assert QuotaRequest.objects.get(pk=decided.pk).state == RequestState.WITHDRAWN
+
+
+def test_member_inline_goes_through_the_services(admin_client, tenant, owner):
+    newbie = UserFactory(username="newbie")
+    owner_row = Membership.objects.get(user=owner)
+    data = {
+        "slug": tenant.slug, "name": tenant.name, "tier": "high", "state": "active", "contact_email": "",
+        "memberships-TOTAL_FORMS": "2", "memberships-INITIAL_FORMS": "1",
+        "memberships-MIN_NUM_FORMS": "0", "memberships-MAX_NUM_FORMS": "1000",
+        "memberships-0-id": str(owner_row.pk), "memberships-0-tenant": str(tenant.pk), "memberships-0-role": "owner",
+        "memberships-1-id": "", "memberships-1-tenant": str(tenant.pk), "memberships-1-user": str(newbie.pk),
+        "memberships-1-role": "manager",
+    }  # fmt: skip
+    response = admin_client.post(f"/admin/tenants/tenant/{tenant.pk}/change/", data)
+    assert response.status_code == 302, response.content.decode()[-3000:]
+    assert tenant_perms(user=newbie, tenant=tenant) == ROLE_PERMISSIONS[Role.MANAGER]
+    assert Tenant.objects.get(pk=tenant.pk).tier == "high"
+    assert AuditEvent.objects.filter(action="tenant.tier").exists()
+
+
+def test_the_console_keeps_the_last_owner(admin_client, tenant, owner):
+    owner_row = Membership.objects.get(user=owner)
+    data = {
+        "slug": tenant.slug, "name": tenant.name, "tier": tenant.tier, "state": "active", "contact_email": "",
+        "memberships-TOTAL_FORMS": "1", "memberships-INITIAL_FORMS": "1",
+        "memberships-MIN_NUM_FORMS": "0", "memberships-MAX_NUM_FORMS": "1000",
+        "memberships-0-id": str(owner_row.pk), "memberships-0-tenant": str(tenant.pk), "memberships-0-role": "viewer",
+    }  # fmt: skip
+    response = admin_client.post(f"/admin/tenants/tenant/{tenant.pk}/change/", data)
+    assert response.status_code == 200
+    assert "keeps at least one owner" in response.content.decode()
+    assert Membership.objects.get(pk=owner_row.pk).role == Role.OWNER
+
+
+def test_audit_log_is_read_only(admin_client):
+    assert admin_client.get("/admin/core/auditevent/").status_code == 200
+    assert admin_client.get("/admin/core/auditevent/add/").status_code == 403
