@@ -22,7 +22,9 @@ class GpuModel(models.Model):
     memory_gb = models.PositiveIntegerField()
     fp64_tflops = models.FloatField(validators=[MinValueValidator(0)])
     fp32_tflops = models.FloatField(validators=[MinValueValidator(0)])
-    fp16_tflops = models.FloatField(validators=[MinValueValidator(0)], help_text=_("Dense FP16 tensor throughput"))
+    fp16_tflops = models.FloatField(
+        validators=[MinValueValidator(0)], help_text=_("Dense FP16 tensor throughput")
+    )
     memory_bandwidth_gbs = models.PositiveIntegerField()
     interconnect = models.CharField(max_length=64, help_text=_("e.g. NVLink 4 (900 GB/s), PCIe 4.0"))
     interconnect_gbs = models.PositiveIntegerField(help_text=_("GPU-to-GPU bandwidth in GB/s"))
@@ -41,6 +43,15 @@ class GpuModel(models.Model):
         return self.name
 
 
+class Advisor(models.TextChoices):
+    """The sizing arithmetic a scenario offers (clusters/advisor.py); a scenario added as data
+    picks the one whose workload it resembles, or none."""
+
+    AI = "ai", _("AI training (parameters, tokens)")
+    MD = "md", _("Molecular dynamics (atoms, ns/day)")
+    CFD = "cfd", _("CFD / FEA (cells, iterations)")
+
+
 class Scenario(models.Model):
     """A workload profile: it ranks the GPU models that suit it and carries job defaults."""
 
@@ -50,6 +61,9 @@ class Scenario(models.Model):
     default_walltime_minutes = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     env = models.JSONField(default=dict, blank=True, help_text=_("Environment defaults for jobs"))
     gpu_models = models.ManyToManyField(GpuModel, through="ScenarioGpu", related_name="scenarios")
+    advisor = models.CharField(
+        max_length=8, choices=Advisor.choices, blank=True, help_text=_("Sizing advisor; blank: none")
+    )
 
     class Meta:
         ordering = ["slug"]

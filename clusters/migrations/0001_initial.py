@@ -75,6 +75,7 @@ class Migration(migrations.Migration):
                 ('description', models.TextField()),
                 ('default_walltime_minutes', models.PositiveIntegerField(validators=[django.core.validators.MinValueValidator(1)])),
                 ('env', models.JSONField(blank=True, default=dict, help_text='Environment defaults for jobs')),
+                ('advisor', models.CharField(blank=True, choices=[('ai', 'AI training (parameters, tokens)'), ('md', 'Molecular dynamics (atoms, ns/day)'), ('cfd', 'CFD / FEA (cells, iterations)')], help_text='Sizing advisor; blank: none', max_length=8)),
             ],
             options={
                 'ordering': ['slug'],

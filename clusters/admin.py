@@ -1,0 +1,164 @@
+from django import forms
+from django.contrib import admin
+
+from clusters.models import Cluster, GpuModel, Partition, Scenario, ScenarioGpu
+
+
+class WriteOnlyTextarea(forms.Textarea):
+    """A textarea that never renders a value: not the stored one, nor one posted back with a
+    form that failed validation (Textarea, unlike PasswordInput, has no render_value switch)."""
+
+    def format_value(self, value):
+        return None
+
+
+class ClusterForm(forms.ModelForm):
+    """Secrets are write-only: the page says only whether one is set. A blank field keeps the
+    stored value, a typed one replaces it, and the "clear" box removes it."""
+
+    ssh_private_key = forms.CharField(
+        required=False, strip=False, widget=WriteOnlyTextarea(attrs={"rows": 4})
+    )
+    ssh_private_key_clear = forms.BooleanField(required=False, label="Clear the SSH private key")
+    k8s_token = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False))
+    k8s_token_clear = forms.BooleanField(required=False, label="Clear the Kubernetes token")
+    kubeconfig = forms.CharField(required=False, strip=False, widget=WriteOnlyTextarea(attrs={"rows": 4}))
+    kubeconfig_clear = forms.BooleanField(required=False, label="Clear the kubeconfig")
+    k8s_api_url = forms.URLField(required=False, assume_scheme="https")  # Django 6's default, now
+
+    class Meta:
+        model = Cluster
+        fields = [
+            "slug",
+            "name",
+            "kind",
+            "enabled",
+            "ssh_host",
+            "ssh_port",
+            "ssh_user",
+            "ssh_known_hosts",
+            "ssh_private_key",
+            "slurm_cluster_name",
+            "scratch_root",
+            "k8s_api_url",
+            "k8s_ca_cert",
+            "k8s_token",
+            "kubeconfig",
+            "uses_kueue",
+            "local_gpus",
+        ]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in Cluster.SECRET_FIELDS:
+            if name not in self.fields:
+                continue
+            # The stored value must not reach the page by any path: initial feeds the widget and
+            # the hidden "initial" inputs that has_changed() may render.
+            self.initial[name] = ""
+            state = "set" if getattr(self.instance, name) else "not set"
+            self.fields[name].help_text = f"Currently {state}. Write-only: leave blank to keep it."
+
+    def clean(self):
+        cleaned = super().clean()
+        for name in Cluster.SECRET_FIELDS:
+            if name not in self.fields:
+                continue
+            new, clear = cleaned.get(name), cleaned.get(f"{name}_clear")
+            if new and clear:
+                self.add_error(f"{name}_clear", "Enter a new value or clear the stored one, not both.")
+            elif clear:
+                cleaned[name] = ""
+            elif not new:
+                cleaned[name] = getattr(self.instance, name)
+        return cleaned
+
+
+class PartitionInline(admin.TabularInline):
+    model = Partition
+    extra = 0
+    fields = ["name", "gpu_model", "gpus_per_node", "nodes", "max_walltime_minutes", "gpus_free"]
+    readonly_fields = ["gpus_free"]
+
+
+@admin.register(Cluster)
+class ClusterAdmin(admin.ModelAdmin):
+    form = ClusterForm
+    inlines = [PartitionInline]
+    list_display = ["slug", "name", "kind", "enabled", "healthy", "health_checked_at"]
+    list_filter = ["kind", "enabled", "healthy"]
+    search_fields = ["slug", "name"]
+    readonly_fields = ["healthy", "health_detail", "health_checked_at"]
+    fieldsets = [
+        (None, {"fields": ["slug", "name", "kind", "enabled"]}),
+        (
+            "Slurm over SSH",
+            {
+                "fields": [
+                    "ssh_host",
+                    "ssh_port",
+                    "ssh_user",
+                    "ssh_known_hosts",
+                    "ssh_private_key",
+                    "ssh_private_key_clear",
+                    "slurm_cluster_name",
+                    "scratch_root",
+                ]
+            },
+        ),
+        (
+            "Kubernetes",
+            {
+                "fields": [
+                    "k8s_api_url",
+                    "k8s_ca_cert",
+                    "k8s_token",
+                    "k8s_token_clear",
+                    "kubeconfig",
+                    "kubeconfig_clear",
+                    "uses_kueue",
+                ]
+            },
+        ),
+        ("Local", {"fields": ["local_gpus"]}),
+        ("Health", {"fields": ["healthy", "health_detail", "health_checked_at"]}),
+    ]
+
+
+@admin.register(GpuModel)
+class GpuModelAdmin(admin.ModelAdmin):
+    list_display = [
+        "slug",
+        "vendor",
+        "memory_gb",
+        "fp64_tflops",
+        "fp16_tflops",
+        "memory_bandwidth_gbs",
+        "ecc",
+        "cost_index",
+        "slurm_gres",
+    ]
+    list_filter = ["vendor", "ecc"]
+    search_fields = ["slug", "name"]
+
+
+class ScenarioGpuInline(admin.TabularInline):
+    model = ScenarioGpu
+    extra = 0
+    fields = ["rank", "gpu_model", "reason"]
+    ordering = ["rank"]
+
+
+@admin.register(Scenario)
+class ScenarioAdmin(admin.ModelAdmin):
+    inlines = [ScenarioGpuInline]
+    list_display = ["slug", "name", "advisor", "default_walltime_minutes"]
+    search_fields = ["slug", "name"]
+
+
+@admin.register(Partition)
+class PartitionAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "gpu_model", "gpus_per_node", "nodes", "gpus_free", "max_walltime_minutes"]
+    list_filter = ["cluster", "gpu_model"]
+    list_select_related = ["cluster", "gpu_model"]
+    search_fields = ["name", "cluster__slug"]

@@ -1,0 +1,190 @@
+from rest_framework import serializers
+
+from clusters import advisor
+from clusters.models import Cluster, GpuModel, Partition, Scenario, ScenarioGpu
+
+
+class GpuModelOut(serializers.ModelSerializer):
+    class Meta:
+        model = GpuModel
+        fields = [
+            "slug",
+            "vendor",
+            "name",
+            "memory_gb",
+            "fp64_tflops",
+            "fp32_tflops",
+            "fp16_tflops",
+            "memory_bandwidth_gbs",
+            "interconnect",
+            "ecc",
+            "slurm_gres",
+            "k8s_resource",
+            "k8s_product",
+        ]
+
+
+class ScenarioGpuOut(serializers.ModelSerializer):
+    gpu_model = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = ScenarioGpu
+        fields = ["gpu_model", "rank", "reason"]
+
+
+class ScenarioOut(serializers.ModelSerializer):
+    """`advisor` (beyond API.md) names the body that advise/ takes: ai, md, cfd, or "" for none."""
+
+    gpu_models = ScenarioGpuOut(source="ranking", many=True, read_only=True)
+
+    class Meta:
+        model = Scenario
+        fields = ["slug", "name", "description", "default_walltime_minutes", "env", "advisor", "gpu_models"]
+
+
+class PartitionOut(serializers.ModelSerializer):
+    gpu_model = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    gpus_total = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Partition
+        fields = [
+            "name",
+            "gpu_model",
+            "gpus_per_node",
+            "nodes",
+            "gpus_total",
+            "gpus_free",
+            "max_walltime_minutes",
+        ]
+
+
+class ClusterOut(serializers.ModelSerializer):
+    """What researchers may know of a cluster. An explicit allow-list: connection settings and
+    secrets (Cluster.SECRET_FIELDS) never appear, whatever fields the model gains."""
+
+    partitions = PartitionOut(many=True, read_only=True)
+
+    class Meta:
+        model = Cluster
+        fields = ["slug", "name", "kind", "healthy", "partitions"]
+
+
+# --- Advisor inputs: one serializer per advisor, each building that advisor's job. -----------
+
+
+class Number(serializers.FloatField):
+    """A float that refuses booleans: JSON `true` would otherwise be read as 1.0."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class Count(serializers.IntegerField):
+    """An integer that refuses booleans, as Number does."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class _AdviceIn(serializers.Serializer):
+    """Node layout, common to every advisor; a subclass names its advisor's job class."""
+
+    job_class: type
+
+    gpus_per_node = Count(
+        min_value=1, max_value=16, default=advisor.GPUS_PER_NODE, help_text="GPUs per node."
+    )
+    max_gpus = Count(
+        min_value=1,
+        max_value=4096,
+        default=advisor.MAX_GPUS,
+        help_text="The most GPUs you would use; a model that needs more to hold the job is left out.",
+    )
+
+    def job(self):
+        return self.job_class(**self.validated_data)
+
+
+class AdviceInAi(_AdviceIn):
+    """AI training (advisor `ai`)."""
+
+    job_class = advisor.AiJob
+
+    params_b = Number(min_value=0.001, max_value=10_000, help_text="Model parameters, in billions.")
+    precision = serializers.ChoiceField(
+        choices=["bf16", "fp16", "fp32", "fp8"],
+        default=advisor.AiJob.precision,
+        help_text="Training precision.",
+    )
+    method = serializers.ChoiceField(
+        choices=["full", "lora"],
+        default=advisor.AiJob.method,
+        help_text="Full fine-tune / pre-training, or LoRA.",
+    )
+    tokens_b = Number(
+        min_value=0.001,
+        max_value=1_000_000,
+        required=False,
+        help_text=f"Training tokens, in billions; default {advisor.DEFAULT_TOKENS_B:g} (a fine-tuning run).",
+    )
+    target_days = Number(min_value=0.01, max_value=365, default=advisor.AiJob.target_days, help_text="Days.")
+
+
+class AdviceInMd(_AdviceIn):
+    """Molecular dynamics (advisor `md`): give `simulated_ns` or `days`, not both."""
+
+    job_class = advisor.MdJob
+
+    atoms = Count(min_value=100, max_value=10_000_000_000, help_text="Atoms in the system.")
+    ns_per_day = Number(min_value=0.001, max_value=1_000_000, help_text="Wanted throughput, ns/day.")
+    simulated_ns = Number(min_value=0.001, max_value=1e9, required=False, help_text="Total simulated ns.")
+    days = Number(min_value=0.01, max_value=3650, required=False, help_text="Or: days to run at ns_per_day.")
+    timestep_fs = Number(
+        min_value=0.5, max_value=10, default=advisor.MdJob.timestep_fs, help_text="Integration time step, fs."
+    )
+
+    def validate(self, attrs):
+        given = [name for name in ("simulated_ns", "days") if name in attrs]
+        if not given:
+            raise serializers.ValidationError({"simulated_ns": ["Give simulated_ns, or days."]})
+        if len(given) == 2:
+            raise serializers.ValidationError({"days": ["Give simulated_ns or days, not both."]})
+        return attrs
+
+
+class AdviceInCfd(_AdviceIn):
+    """CFD and FEA (advisor `cfd`)."""
+
+    job_class = advisor.CfdJob
+
+    cells_m = Number(
+        min_value=0.001, max_value=1_000_000, help_text="Mesh cells (or FEA elements), millions."
+    )
+    iterations = Count(
+        min_value=1, max_value=1_000_000_000, help_text="Solver iterations or time steps, in total."
+    )
+    precision = serializers.ChoiceField(choices=["fp64", "mixed"], default=advisor.CfdJob.precision)
+    target_days = Number(min_value=0.01, max_value=365, default=advisor.CfdJob.target_days, help_text="Days.")
+
+
+ADVICE_IN = {"ai": AdviceInAi, "md": AdviceInMd, "cfd": AdviceInCfd}
+
+
+class AdviceOptionOut(serializers.Serializer):
+    gpu_model = serializers.CharField(help_text="GPU model slug.")
+    gpus = serializers.IntegerField()
+    nodes = serializers.IntegerField()
+    gpu_hours = serializers.FloatField()
+    arithmetic = serializers.ListField(child=serializers.CharField(), help_text="The steps, readable.")
+
+
+class AdviceOut(serializers.Serializer):
+    assumptions = serializers.ListField(child=serializers.CharField())
+    options = AdviceOptionOut(
+        many=True, help_text="In the scenario's rank order; infeasible models left out."
+    )
