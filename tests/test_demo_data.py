@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth import authenticate, get_user_model
 from django.core.management import call_command
 
-from tenants.models import Membership, Role
+from tenants.models import Membership, QuotaGrant, QuotaRequest, Role
 
 
 @pytest.mark.django_db
@@ -24,3 +24,5 @@ def test_demo_data_is_idempotent_and_its_logins_work(tmp_path, capsys, settings)
     roles = set(Membership.objects.filter(tenant__slug="protein-lab").values_list("role", flat=True))
     assert roles == set(Role.values)
     assert logins["carol"] in first
+    assert QuotaGrant.objects.filter(tenant__slug="protein-lab").count() == 1
+    assert QuotaRequest.objects.filter(tenant__slug="cfd-group", state="pending").count() == 1

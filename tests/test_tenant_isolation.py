@@ -112,3 +112,16 @@ def test_lists_show_only_what_the_persona_may_see(world, admin_user, client_for,
     audit = {e["tenant"] for e in client.get("/api/v1/audit/?page_size=200").json()["results"]}
     may_read_audit = persona in ("admin", "owner", "manager")
     assert audit - {""} == (expected if may_read_audit else set())
+
+
+CATALOG = ["/api/v1/gpu-models/", "/api/v1/scenarios/", "/api/v1/scenarios/ai-training/", "/api/v1/clusters/"]
+
+
+@pytest.mark.parametrize("persona", PERSONAS)
+def test_the_catalog_is_the_same_for_every_signed_in_persona(
+    world, admin_user, client_for, anon_client, persona
+):
+    client = client_for(persona_in_team_a(persona, world, admin_user))
+    for url in CATALOG:
+        assert client.get(url).status_code == 200, url
+        assert anon_client.get(url).status_code == 401, url

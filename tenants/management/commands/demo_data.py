@@ -5,14 +5,18 @@ that no password lives in the repository and a second run prints the same logins
 
 import json
 import secrets
+from datetime import timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
+from django.utils import timezone
 
-from tenants.models import Role, Tenant, Tier
-from tenants.services import membership_add, tenant_create
+from clusters.models import GpuModel, Scenario
+from tenants.models import QuotaRequest, Role, Tenant, Tier
+from tenants.services import membership_add, quota_request_approve, quota_request_create, tenant_create
 
 TENANTS = [
     ("protein-lab", "Protein Folding Lab", Tier.HIGH),
@@ -54,9 +58,38 @@ class Command(BaseCommand):
                     slug, role = USERS[username]
                     if not user.memberships.filter(tenant=tenants[slug]).exists():
                         membership_add(actor=None, tenant=tenants[slug], user=user, role=role)
+            if not QuotaRequest.objects.exists():
+                self._quota(tenants, admin=User.objects.get(username="admin"))
         logins_path.touch(mode=0o600)
         logins_path.write_text(json.dumps(logins, indent=1))
         self.stdout.write("Demo logins (username / password / role):")
         self.stdout.write(f"  {'admin':<6} {logins['admin']:<14} platform admin")
         for username, (slug, role) in USERS.items():
             self.stdout.write(f"  {username:<6} {logins[username]:<14} {role} of {slug}")
+
+    def _quota(self, tenants: dict, admin) -> None:
+        """An approved AI-training grant for protein-lab and a pending CFD request from cfd-group."""
+        today = timezone.localdate()
+        User = get_user_model()
+        window = {"starts_on": today, "ends_on": today + timedelta(days=90)}
+        granted = quota_request_create(
+            actor=User.objects.get(username="alice"),
+            tenant=tenants["protein-lab"],
+            scenario=Scenario.objects.get(slug="ai-training"),
+            gpu_model=GpuModel.objects.get(slug="h100-80gb"),
+            gpus=8,
+            gpu_hours=Decimal(5000),
+            justification="Fine-tune a protein language model.",
+            **window,
+        )
+        quota_request_approve(actor=admin, request=granted, note="Approved for the demo.")
+        quota_request_create(
+            actor=User.objects.get(username="erin"),
+            tenant=tenants["cfd-group"],
+            scenario=Scenario.objects.get(slug="cfd"),
+            gpu_model=GpuModel.objects.get(slug="a100-80gb"),
+            gpus=4,
+            gpu_hours=Decimal(1200),
+            justification="Wing section LES at Re 1e6.",
+            **window,
+        )
