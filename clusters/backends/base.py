@@ -1,0 +1,166 @@
+"""The one interface every scheduler backend implements (DESIGN.md, Backends).
+
+Plain dataclasses in and out: a backend imports no model of tenants or jobs, and knows a
+cluster only through ClusterConfig. States are the portal's (jobs' JobState values as plain
+strings), with the scheduler's own state and reason kept beside them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+# The portal's job states a backend may report (the values of jobs.models.JobState).
+PENDING = "PENDING"
+RUNNING = "RUNNING"
+CANCELLING = "CANCELLING"
+COMPLETED = "COMPLETED"
+FAILED = "FAILED"
+CANCELLED = "CANCELLED"
+TIMEOUT = "TIMEOUT"
+NODE_FAIL = "NODE_FAIL"
+OUT_OF_MEMORY = "OUT_OF_MEMORY"
+PREEMPTED = "PREEMPTED"
+REJECTED = "REJECTED"
+LOST = "LOST"
+END_STATES = frozenset({COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, REJECTED, LOST})
+
+
+class BackendError(Exception):
+    """The scheduler refused the request for good (bad account, invalid partition…): retrying
+    the same request cannot help."""
+
+
+class BackendUnavailable(BackendError):
+    """The scheduler could not be reached or did not answer in time: transient, retry later.
+    Jobs wait; they do not fail."""
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """What a backend needs to reach one cluster; secrets included, so never log it whole."""
+
+    slug: str
+    kind: str
+    ssh_host: str = ""
+    ssh_port: int = 22
+    ssh_user: str = ""
+    ssh_known_hosts: str = field(default="", repr=False)
+    ssh_private_key: str = field(default="", repr=False)
+    slurm_cluster_name: str = ""
+    scratch_root: str = ""
+    k8s_api_url: str = ""
+    k8s_ca_cert: str = field(default="", repr=False)
+    k8s_token: str = field(default="", repr=False)
+    kubeconfig: str = field(default="", repr=False)
+    uses_kueue: bool = False
+    local_gpus: int = 0
+    state_dir: str = ""  # local backend: where it keeps job files and pid records
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job to submit. `token` is unique per portal job and stored by the scheduler, so that
+    find(token) tells whether an earlier attempt already submitted it."""
+
+    token: str
+    name: str
+    account: str  # the tenant's slug: a Slurm account, a Kubernetes namespace
+    qos: str  # the tenant tier's QOS, e.g. portal-high
+    priority: str  # low | normal | high, within the tenant
+    partition: str
+    gpu_type: str  # Slurm GRES type, e.g. h100
+    k8s_resource: str  # e.g. nvidia.com/gpu
+    k8s_product: str  # node label value of the GPU product
+    gpus_per_node: int
+    nodes: int
+    walltime_minutes: int
+    script: str  # the batch script, rendered; never passed through a shell string
+    env: dict[str, str]  # names validated upstream; values are data, quoted by the backend
+    cpus_per_gpu: int = 4
+    mem_per_gpu_mb: int = 16_000
+    labels: dict[str, str] = field(default_factory=dict)  # tenant, job id, scenario
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    backend_id: str
+    state: str  # one of the portal states above
+    raw_state: str  # the scheduler's own word for it (PENDING, OUT_OF_MEMORY, BackoffLimitExceeded…)
+    reason: str = ""  # why it waits or ended (AssocGrpGRES, Resources, OOMKilled…)
+    exit_code: int | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    node_list: str = ""
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """Enough to find a submitted job's files and objects again."""
+
+    backend_id: str
+    token: str
+    account: str
+
+
+@dataclass(frozen=True)
+class LogTail:
+    lines: list[str]
+    truncated: bool  # more came before these lines than were returned
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    name: str
+    gpu_type: str
+    gpus_per_node: int
+    nodes: int
+    gpus_free: int
+    max_walltime_minutes: int | None
+
+
+@dataclass(frozen=True)
+class TenantLimits:
+    """A tenant's limits on one cluster, from its active grants."""
+
+    account: str
+    qos: str
+    users: list[str]  # cluster users that may submit under the account
+    gpus_by_type: dict[str, int]  # GRES type → concurrent GPUs (GrpTRES)
+    gpu_minutes: int  # remaining GPU-minutes over all grants (GrpTRESMins)
+    k8s_resources: dict[str, int] = field(default_factory=dict)  # resource name → GPUs (ResourceQuota)
+
+
+@dataclass(frozen=True)
+class Health:
+    healthy: bool
+    detail: str
+
+
+class Backend(Protocol):
+    def submit(self, spec: JobSpec) -> str:
+        """Submit; return the scheduler's id. Raises BackendUnavailable or BackendError."""
+
+    def find(self, token: str) -> str | None:
+        """The scheduler's id of the job carrying this token, or None."""
+
+    def cancel(self, backend_id: str) -> None: ...
+
+    def poll(self, backend_ids: list[str]) -> dict[str, JobStatus]:
+        """Status of each job, in a bounded number of scheduler calls whatever the count. A job
+        the scheduler no longer knows at all is left out of the answer."""
+
+    def log_tail(self, job: JobRef, *, lines: int, max_bytes: int) -> LogTail:
+        """The last `lines` lines of the job's output, reading at most `max_bytes`."""
+
+    def inventory(self) -> list[PartitionInfo]: ...
+
+    def apply_tenant(self, limits: TenantLimits) -> None:
+        """Create or update the tenant's account/namespace and its limits. Idempotent."""
+
+    def health(self) -> Health: ...
