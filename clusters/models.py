@@ -64,6 +64,8 @@ class Scenario(models.Model):
     advisor = models.CharField(
         max_length=8, choices=Advisor.choices, blank=True, help_text=_("Sizing advisor; blank: none")
     )
+    cpus_per_gpu = models.PositiveSmallIntegerField(default=8, validators=[MinValueValidator(1)])
+    mem_per_gpu_mb = models.PositiveIntegerField(default=65536, validators=[MinValueValidator(256)])
 
     class Meta:
         ordering = ["slug"]
@@ -143,6 +145,10 @@ class Partition(models.Model):
     nodes = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     max_walltime_minutes = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     gpus_free = models.PositiveIntegerField(null=True, blank=True, help_text=_("From the last inventory"))
+    # What one GPU's share of a node can be: a job's CPUs and memory per GPU (from its scenario)
+    # are lowered to these, so that a scenario's defaults never ask more than the hardware has.
+    max_cpus_per_gpu = models.PositiveSmallIntegerField(null=True, blank=True)
+    max_mem_per_gpu_mb = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["cluster_id", "name"]

@@ -137,6 +137,14 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
 }
 
+# --- Jobs
+JOB_MAX_WALLTIME_MINUTES = env_int("JOB_MAX_WALLTIME_MINUTES", 72 * 60, minimum=1)
+JOB_POLL_INTERVAL_S = env_int("JOB_POLL_INTERVAL_S", 10, minimum=2, maximum=300)
+JOB_DISPATCH_LEASE_S = env_int("JOB_DISPATCH_LEASE_S", 180, minimum=10)
+FAIR_SHARE_HALF_LIFE_DAYS = env_int("FAIR_SHARE_HALF_LIFE_DAYS", 7, minimum=1)
+LOCAL_CLUSTER_GPUS = env_int("LOCAL_CLUSTER_GPUS", 4, minimum=0, maximum=64)
+JOB_LOG_MAX_BYTES = env_int("JOB_LOG_MAX_BYTES", 1_000_000, minimum=1000)
+
 # --- Redis, or the embedded mode: with REDIS_URL unset the broker is kombu's filesystem
 # transport under var/, so a real, separate Celery worker runs with no server to install.
 REDIS_URL = env_secret("REDIS_URL")
@@ -195,6 +203,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 3600.0,
         "options": {"expires": 3000},
     },
+    "poll-clusters": {
+        "task": "jobs.tasks.poll_clusters",
+        "schedule": float(JOB_POLL_INTERVAL_S),
+        "options": {"expires": JOB_POLL_INTERVAL_S - 1},
+    },
+    "sweep-jobs": {"task": "jobs.tasks.sweep_jobs", "schedule": 60.0, "options": {"expires": 55}},
     "remind-grants-ending": {
         "task": "tenants.tasks.remind_grants_ending",
         "schedule": 3600.0,
@@ -248,6 +262,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "TenantStateEnum": "tenants.models.TenantState",
         "QuotaRequestStateEnum": "tenants.models.RequestState",
+        "JobStateEnum": "jobs.models.JobState",
     },
 }
 

@@ -7,6 +7,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
 from clusters.urls import api_urlpatterns as clusters_api
+from jobs.urls import api_urlpatterns as jobs_api
 from portal.core import api as core_api
 from portal.core import errors
 from portal.core import views as core_views
@@ -23,6 +24,7 @@ api_v1 = [
     *router.urls,
     *tenants_api,
     *clusters_api,
+    *jobs_api,
 ]
 
 urlpatterns = [

@@ -10,11 +10,12 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import transaction
 from django.utils import timezone
 
-from clusters.models import GpuModel, Scenario
+from clusters.models import Cluster, ClusterKind, GpuModel, Partition, Scenario
 from tenants.models import QuotaRequest, Role, Tenant, Tier
 from tenants.services import membership_add, quota_request_approve, quota_request_create, tenant_create
 
@@ -60,6 +61,9 @@ class Command(BaseCommand):
                         membership_add(actor=None, tenant=tenants[slug], user=user, role=role)
             if not QuotaRequest.objects.exists():
                 self._quota(tenants, admin=User.objects.get(username="admin"))
+            self._local_cluster()
+        if (settings.BASE_DIR / "var" / "testbed" / "testbed.env").exists():
+            call_command("register_testbed", stdout=self.stdout)
         logins_path.touch(mode=0o600)
         logins_path.write_text(json.dumps(logins, indent=1))
         self.stdout.write("Demo logins (username / password / role):")
@@ -92,4 +96,30 @@ class Command(BaseCommand):
             gpu_hours=Decimal(1200),
             justification="Wing section LES at Re 1e6.",
             **window,
+        )
+
+    def _local_cluster(self) -> None:
+        """The embedded default's cluster: jobs run as processes on this machine, on the GPUs
+        nvidia-smi finds there or, on a machine without any, LOCAL_CLUSTER_GPUS pretend ones
+        (their partition carries the demo grant's GPU model so that jobs can be submitted)."""
+        cluster, _ = Cluster.objects.get_or_create(
+            slug="local",
+            defaults={
+                "name": "This machine",
+                "kind": ClusterKind.LOCAL,
+                "local_gpus": settings.LOCAL_CLUSTER_GPUS,
+                "healthy": True,
+            },
+        )
+        Partition.objects.get_or_create(
+            cluster=cluster,
+            name="local",
+            defaults={
+                "gpu_model": GpuModel.objects.get(slug="h100-80gb"),
+                "gpus_per_node": settings.LOCAL_CLUSTER_GPUS,
+                "nodes": 1,
+                "max_walltime_minutes": 24 * 60,
+                "max_cpus_per_gpu": 1,
+                "max_mem_per_gpu_mb": 1000,
+            },
         )

@@ -1,0 +1,63 @@
+from django.contrib import admin, messages
+from django.utils.translation import gettext_lazy as _
+
+from jobs.models import Job, JobEvent
+from jobs.services import job_cancel
+from portal.core.errors import PortalError
+
+
+class JobEventInline(admin.TabularInline):
+    model = JobEvent
+    extra = 0
+    can_delete = False
+    readonly_fields = ["at", "from_state", "to_state", "reason", "raw_state"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    """Jobs as the portal follows them; states move only through the services."""
+
+    list_display = [
+        "id",
+        "name",
+        "tenant",
+        "state",
+        "reason",
+        "cluster",
+        "partition",
+        "gpus",
+        "priority",
+        "created",
+    ]
+    list_filter = ["state", "cluster", "priority", "scenario"]
+    search_fields = ["name", "tenant__slug", "backend_id", "token"]
+    list_select_related = ["tenant", "cluster", "partition"]
+    inlines = [JobEventInline]
+    actions = ["cancel_selected"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in Job._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.action(description=_("Cancel selected jobs"))
+    def cancel_selected(self, request, queryset):
+        done = skipped = 0
+        for job in queryset.select_related("tenant"):
+            try:
+                job_cancel(actor=request.user, job=job)
+                done += 1
+            except PortalError:
+                skipped += 1
+        self.message_user(
+            request,
+            _("%(done)d cancelled, %(skipped)d had already ended.") % {"done": done, "skipped": skipped},
+            messages.INFO,
+        )

@@ -1,0 +1,132 @@
+import uuid
+
+from django.conf import settings
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
+
+from clusters.models import Cluster, GpuModel, Partition, Scenario
+from tenants.models import QuotaGrant, Tenant
+
+job_name_validator = RegexValidator(
+    r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", _("1 to 64 letters, digits, dots, dashes and underscores.")
+)
+
+
+class JobState(models.TextChoices):
+    QUEUED = "QUEUED", _("Queued")
+    SUBMITTING = "SUBMITTING", _("Submitting")
+    PENDING = "PENDING", _("Pending")
+    RUNNING = "RUNNING", _("Running")
+    CANCELLING = "CANCELLING", _("Cancelling")
+    COMPLETED = "COMPLETED", _("Completed")
+    FAILED = "FAILED", _("Failed")
+    CANCELLED = "CANCELLED", _("Cancelled")
+    TIMEOUT = "TIMEOUT", _("Timed out")
+    NODE_FAIL = "NODE_FAIL", _("Node failure")
+    OUT_OF_MEMORY = "OUT_OF_MEMORY", _("Out of memory")
+    PREEMPTED = "PREEMPTED", _("Preempted")
+    REJECTED = "REJECTED", _("Rejected")
+    LOST = "LOST", _("Lost")
+
+
+class Priority(models.TextChoices):
+    LOW = "low", _("Low")
+    NORMAL = "normal", _("Normal")
+    HIGH = "high", _("High")
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex
+
+
+class Job(models.Model):
+    """One job of a tenant: what was asked, where it runs, and the ledger of its quota.
+
+    reserved_gpu_hours is what the job holds on its grant until it ends (GPUs × walltime);
+    holds_gpus says whether it has taken its GPUs of the grant's concurrent limit."""
+
+    token = models.CharField(max_length=32, unique=True, default=new_token, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="jobs")
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    name = models.CharField(max_length=64, validators=[job_name_validator])
+    scenario = models.ForeignKey(Scenario, on_delete=models.PROTECT, related_name="+")
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="+")
+    grant = models.ForeignKey(QuotaGrant, on_delete=models.PROTECT, related_name="jobs")
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="jobs")
+    partition = models.ForeignKey(Partition, on_delete=models.PROTECT, related_name="jobs")
+    gpus = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    nodes = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    walltime_minutes = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
+    cpus_per_gpu = models.PositiveSmallIntegerField()
+    mem_per_gpu_mb = models.PositiveIntegerField()
+    env = models.JSONField(default=dict, blank=True)
+    script = models.TextField(
+        help_text=_("The batch script as submitted (rendered from the template, if any)")
+    )
+    template = models.CharField(max_length=64, blank=True)
+    parameters = models.JSONField(default=dict, blank=True)
+
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED)
+    reason = models.CharField(max_length=200, blank=True)
+    raw_state = models.CharField(max_length=64, blank=True)
+    backend_id = models.CharField(max_length=128, blank=True)
+    node_list = models.CharField(max_length=500, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    submitted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    gpu_hours = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
+
+    reserved_gpu_hours = models.DecimalField(max_digits=12, decimal_places=2)
+    holds_gpus = models.BooleanField(default=False)
+    dispatch_attempts = models.PositiveIntegerField(default=0)
+    # Whoever holds an unexpired lease is submitting this job; a second dispatcher (a retry, the
+    # sweep) waits until it ends, so that two never submit at once.
+    dispatch_lease_until = models.DateTimeField(null=True, blank=True)
+    idempotency_key = models.CharField(max_length=128, blank=True)
+    request_digest = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["tenant", "-id"], name="job_tenant_recent"),
+            models.Index(fields=["state", "cluster"], name="job_state_cluster"),
+            models.Index(fields=["tenant", "finished_at"], name="job_tenant_finished"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["submitted_by", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="job_idempotency_key_once_per_user",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.name} ({self.state})"
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nodes
+
+
+class JobEvent(models.Model):
+    """A state change of a job, with why; in order of id."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(auto_now_add=True)
+    from_state = models.CharField(max_length=16, choices=JobState.choices, blank=True)
+    to_state = models.CharField(max_length=16, choices=JobState.choices)
+    reason = models.CharField(max_length=200, blank=True)
+    raw_state = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.from_state or '∅'} → {self.to_state}"

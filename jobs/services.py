@@ -1,0 +1,510 @@
+"""Every write about jobs: submit, admit, dispatch, follow, cancel, settle (DESIGN.md, Flow of
+one job). Locks are always taken in one order, partition → job → grant, so that submission,
+admission and settlement on a busy partition never deadlock one another."""
+
+import hashlib
+import json
+import logging
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import timedelta
+from decimal import ROUND_CEILING, Decimal
+
+from celery import current_app
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from clusters.backends.base import BackendError, BackendUnavailable, JobSpec, JobStatus
+from clusters.models import Cluster, GpuModel, Partition, Scenario
+from clusters.services import backend_of, cluster_mark_health
+from jobs import admission
+from jobs.job_templates import TemplateInvalid, render_template
+from jobs.models import Job, JobEvent, JobState, Priority
+from jobs.states import ACTIVE_IN_SCHEDULER, END_STATES, check_move
+from portal.core.errors import Conflict, Invalid
+from portal.core.services import audit_record
+from tenants.errors import NoQuota, QuotaExhausted, TenantSuspended
+from tenants.models import QuotaGrant, Tenant, TenantState, Tier
+from tenants.services import grant_reserve, grant_settle, grant_take_gpus
+
+log = logging.getLogger(__name__)
+
+# A tenant's tier caps the priority its jobs may ask for within it.
+MAX_PRIORITY = {
+    Tier.LOW: Priority.LOW,
+    Tier.NORMAL: Priority.NORMAL,
+    Tier.HIGH: Priority.HIGH,
+    Tier.CRITICAL: Priority.HIGH,
+}
+PRIORITY_ORDER = [Priority.LOW, Priority.NORMAL, Priority.HIGH]
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# Set by the portal or the scheduler: a job may not override them.
+RESERVED_ENV = re.compile(
+    r"^(CUDA_VISIBLE_DEVICES|SLURM_\w*|PORTAL_\w*|LD_PRELOAD|LD_LIBRARY_PATH|PATH|HOME)$"
+)
+MAX_ENV = 64
+MAX_SCRIPT_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What a submitter asks for, parsed; the API builds it from the body."""
+
+    tenant: Tenant
+    scenario: Scenario
+    gpu_model: GpuModel
+    gpus: int
+    walltime_minutes: int
+    name: str
+    nodes: int = 1
+    priority: str = Priority.NORMAL
+    env: dict[str, str] = field(default_factory=dict)
+    script: str = ""
+    template: str = ""
+    parameters: dict = field(default_factory=dict)
+    cluster: Cluster | None = None
+    partition: str = ""
+
+
+def request_digest(body: dict) -> str:
+    """The fingerprint an Idempotency-Key is bound to: the same key with another body is a conflict."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _send(task: str, **kwargs) -> None:
+    # By name: tasks import services, so services must not import tasks.
+    transaction.on_commit(lambda: current_app.send_task(task, kwargs=kwargs))
+
+
+def _move(job: Job, to_state: str, *, reason: str = "", raw_state: str = "") -> None:
+    """Change the job's state in memory and record the event; the caller saves the job."""
+    check_move(job.state, to_state)
+    JobEvent.objects.create(
+        job=job, from_state=job.state, to_state=to_state, reason=reason, raw_state=raw_state
+    )
+    job.state, job.reason, job.raw_state = to_state, reason, raw_state or job.raw_state
+
+
+# --- Submit
+
+
+def _check_env(env: dict) -> dict[str, str]:
+    errors = []
+    if len(env) > MAX_ENV:
+        errors.append(f"At most {MAX_ENV} variables.")
+    for name, value in env.items():
+        if not ENV_NAME.match(name):
+            errors.append(f"{name!r} is not a valid variable name.")
+        elif RESERVED_ENV.match(name):
+            errors.append(f"{name} is set by the portal or the scheduler.")
+        if not isinstance(value, str) or "\x00" in value or len(value) > 4096:
+            errors.append(f"The value of {name!r} must be a string of at most 4096 characters.")
+    if errors:
+        raise Invalid({"env": errors})
+    return env
+
+
+def _pick_partition(request: JobRequest) -> Partition:
+    """The partition given, or of those with the GPU model the one with most free GPUs."""
+    candidates = Partition.objects.filter(gpu_model=request.gpu_model, cluster__enabled=True).select_related(
+        "cluster"
+    )
+    if request.cluster is not None:
+        candidates = candidates.filter(cluster=request.cluster)
+    if request.partition:
+        candidates = candidates.filter(name=request.partition)
+    candidates = list(candidates)
+    if not candidates:
+        field_name = "partition" if request.partition else "cluster" if request.cluster else "gpu_model"
+        raise Invalid({field_name: f"No enabled partition offers {request.gpu_model.slug} here."})
+    free = {p.pk: p.gpus_total - admission.gpus_held_on(p.pk) for p in candidates}
+    return max(candidates, key=lambda p: (p.cluster.healthy, free[p.pk], -p.pk))
+
+
+def _check_shape(request: JobRequest, partition: Partition) -> None:
+    errors = {}
+    if request.gpus % request.nodes:
+        errors["gpus"] = f"{request.gpus} GPUs do not divide evenly over {request.nodes} nodes."
+    elif request.gpus // request.nodes > partition.gpus_per_node:
+        errors["gpus"] = f"{partition} has {partition.gpus_per_node} GPUs per node."
+    if request.nodes > partition.nodes:
+        errors["nodes"] = f"{partition} has {partition.nodes} nodes."
+    cap = min(partition.max_walltime_minutes, settings.JOB_MAX_WALLTIME_MINUTES)
+    if request.walltime_minutes > cap:
+        errors["walltime_minutes"] = f"At most {cap} minutes on {partition}."
+    tier_cap = MAX_PRIORITY[request.tenant.tier]
+    if PRIORITY_ORDER.index(request.priority) > PRIORITY_ORDER.index(tier_cap):
+        errors["priority"] = f"A {request.tenant.tier}-tier tenant's jobs go up to {tier_cap}."
+    if errors:
+        raise Invalid(errors)
+
+
+def _script(request: JobRequest, partition: Partition) -> str:
+    if bool(request.script) == bool(request.template):
+        raise Invalid({"script": "Give either a script or a template with parameters."})
+    if request.template:
+        try:
+            return render_template(
+                request.template,
+                request.parameters,
+                nodes=request.nodes,
+                gpus_per_node=request.gpus // request.nodes,
+                backend_kind=partition.cluster.kind,
+            )
+        except TemplateInvalid as exc:
+            raise Invalid(exc.errors) from None
+    if not request.script.startswith("#!") or "\x00" in request.script:
+        raise Invalid({"script": "A batch script starts with #! (e.g. #!/bin/bash) and holds no NUL byte."})
+    if len(request.script.encode()) > MAX_SCRIPT_BYTES:
+        raise Invalid({"script": f"At most {MAX_SCRIPT_BYTES} bytes."})
+    return request.script
+
+
+def _reserve(request: JobRequest, hours: Decimal) -> QuotaGrant:
+    """Reserve on the matching active grant that ends first and still has the hours."""
+    today = timezone.localdate()
+    grants = list(
+        QuotaGrant.objects.filter(
+            tenant=request.tenant,
+            scenario=request.scenario,
+            gpu_model=request.gpu_model,
+            starts_on__lte=today,
+            ends_on__gte=today,
+        ).order_by("ends_on", "id")
+    )
+    if not grants:
+        raise NoQuota(
+            f"{request.tenant.slug} has no active grant for {request.scenario.slug} "
+            f"on {request.gpu_model.slug}.",
+            extra={"gpu_hours_requested": str(hours)},
+        )
+    for grant in grants:
+        try:
+            return grant_reserve(grant_id=grant.pk, gpu_hours=hours)
+        except QuotaExhausted as exc:
+            exhausted = exc
+    raise exhausted
+
+
+@transaction.atomic
+def job_submit(
+    *, user: AbstractBaseUser, request: JobRequest, idempotency_key: str = "", digest: str = ""
+) -> tuple[Job, bool]:
+    """A QUEUED job with GPUs × walltime reserved on the tenant's grant, admitted at once when
+    its GPUs are free (dispatch follows on commit) or left waiting with reason quota_wait or
+    capacity_wait. Returns (job, created): a repeated Idempotency-Key returns the first job."""
+    if idempotency_key:
+        earlier = Job.objects.filter(submitted_by=user, idempotency_key=idempotency_key).first()
+        if earlier is not None:
+            if earlier.request_digest != digest:
+                raise Conflict("This Idempotency-Key was used with a different request.")
+            return earlier, False
+    if request.tenant.state != TenantState.ACTIVE:
+        raise TenantSuspended(f"Tenant {request.tenant.slug} is suspended: it can read but not submit.")
+    _check_env(request.env)
+    partition = _pick_partition(request)
+    _check_shape(request, partition)
+    script = _script(request, partition)
+    # Lock order: the partition first (admission serializes on it), then the grant.
+    partition = Partition.objects.select_for_update().select_related("cluster").get(pk=partition.pk)
+    hours = (Decimal(request.gpus * request.walltime_minutes) / 60).quantize(Decimal("0.01"), ROUND_CEILING)
+    grant = _reserve(request, hours)
+    cpus = min(request.scenario.cpus_per_gpu, partition.max_cpus_per_gpu or math.inf)
+    mem = min(request.scenario.mem_per_gpu_mb, partition.max_mem_per_gpu_mb or math.inf)
+    try:
+        with transaction.atomic():
+            job = Job.objects.create(
+                tenant=request.tenant,
+                submitted_by=user,
+                name=request.name,
+                scenario=request.scenario,
+                gpu_model=request.gpu_model,
+                grant=grant,
+                cluster=partition.cluster,
+                partition=partition,
+                gpus=request.gpus,
+                nodes=request.nodes,
+                walltime_minutes=request.walltime_minutes,
+                priority=request.priority,
+                cpus_per_gpu=cpus,
+                mem_per_gpu_mb=mem,
+                env={**request.scenario.env, **request.env},
+                script=script,
+                template=request.template,
+                parameters=request.parameters,
+                reserved_gpu_hours=hours,
+                idempotency_key=idempotency_key,
+                request_digest=digest,
+            )
+    except IntegrityError:
+        # The same key, submitted at the same instant by the same user: the other one won.
+        transaction.set_rollback(True)
+        earlier = Job.objects.filter(submitted_by=user, idempotency_key=idempotency_key).first()
+        if earlier is None:
+            raise
+        return earlier, False
+    JobEvent.objects.create(job=job, from_state="", to_state=JobState.QUEUED, reason="submitted")
+    audit_record(
+        actor=user,
+        action="job.submit",
+        target=job,
+        tenant=request.tenant,
+        data={"gpus": job.gpus, "gpu_model": request.gpu_model.slug, "gpu_hours_reserved": str(hours)},
+    )
+    _admit(partition)
+    job.refresh_from_db()
+    return job, True
+
+
+# --- Admission
+
+
+def _admit(partition: Partition) -> list[int]:
+    """Give free GPUs to waiting jobs in admission order; the caller holds the partition lock."""
+    free = partition.gpus_total - admission.gpus_held_on(partition.pk)
+    admitted = []
+    for job in admission.admission_order(admission.waiting_on(partition.pk)):
+        before = job.reason
+        if job.gpus > free:
+            job.reason = admission.CAPACITY_WAIT
+            free = 0  # strict order: nobody passes a job that waits for capacity
+        elif not grant_take_gpus(grant_id=job.grant_id, gpus=job.gpus):
+            job.reason = admission.QUOTA_WAIT
+        else:
+            free -= job.gpus
+            job.holds_gpus, job.reason = True, ""
+            admitted.append(job.pk)
+        if job.holds_gpus or job.reason != before:
+            job.save(update_fields=["reason", "holds_gpus"])
+    for job_id in admitted:
+        _send("jobs.tasks.dispatch_job", job_id=job_id)
+    return admitted
+
+
+@transaction.atomic
+def jobs_admit(*, partition_id: int) -> list[int]:
+    """Admit what fits on the partition now; returns the admitted job ids."""
+    return _admit(Partition.objects.select_for_update().select_related("cluster").get(pk=partition_id))
+
+
+# --- Dispatch
+
+
+def _claim(job_id: int) -> Job | None:
+    """Take the dispatch lease of an admitted QUEUED job (→ SUBMITTING) or of a SUBMITTING job
+    whose last dispatcher is gone. One conditional UPDATE: of two dispatchers, one wins."""
+    now = timezone.now()
+    lease = now + timedelta(seconds=settings.JOB_DISPATCH_LEASE_S)
+    claimable = Q(state=JobState.QUEUED, holds_gpus=True) | Q(state=JobState.SUBMITTING)
+    expired = Q(dispatch_lease_until__isnull=True) | Q(dispatch_lease_until__lt=now)
+    if not Job.objects.filter(claimable & expired, pk=job_id).update(
+        dispatch_lease_until=lease, dispatch_attempts=F("dispatch_attempts") + 1
+    ):
+        return None
+    with transaction.atomic():
+        job = (
+            Job.objects.select_for_update()
+            .select_related("cluster", "partition", "gpu_model", "tenant")
+            .get(pk=job_id)
+        )
+        if job.state == JobState.QUEUED:
+            _move(job, JobState.SUBMITTING)
+            job.save(update_fields=["state", "reason", "raw_state"])
+    return job
+
+
+def _spec(job: Job) -> JobSpec:
+    return JobSpec(
+        token=job.token,
+        name=job.name,
+        account=job.tenant.slug,
+        qos=f"portal-{job.tenant.tier}",
+        priority=job.priority,
+        partition=job.partition.name,
+        gpu_type=job.gpu_model.slurm_gres,
+        k8s_resource=job.gpu_model.k8s_resource,
+        k8s_product=job.gpu_model.k8s_product,
+        gpus_per_node=job.gpus_per_node,
+        nodes=job.nodes,
+        walltime_minutes=job.walltime_minutes,
+        script=job.script,
+        env=dict(job.env),
+        cpus_per_gpu=job.cpus_per_gpu,
+        mem_per_gpu_mb=job.mem_per_gpu_mb,
+        labels={"tenant": job.tenant.slug, "job": str(job.pk), "scenario": job.scenario.slug},
+    )
+
+
+def job_dispatch(*, job_id: int) -> None:
+    """QUEUED (admitted) → SUBMITTING → PENDING. Safe to run twice and after a crash anywhere:
+    the lease lets one dispatcher work at a time, and any attempt after the first asks the
+    scheduler for the job's token before it submits again."""
+    job = _claim(job_id)
+    if job is None:
+        return
+    backend = backend_of(job.cluster)
+    try:
+        backend_id = (backend.find(job.token) if job.dispatch_attempts > 1 else None) or backend.submit(
+            _spec(job)
+        )
+    except BackendUnavailable as exc:
+        cluster_mark_health(cluster=job.cluster, healthy=False, detail=str(exc))
+        Job.objects.filter(pk=job_id).update(dispatch_lease_until=None)  # the retry may go at once
+        raise
+    except BackendError as exc:
+        job_finish(job_id=job_id, status=None, reject_reason=str(exc)[:200])
+        return
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        job.backend_id, job.submitted_at, job.dispatch_lease_until = backend_id, timezone.now(), None
+        if job.state == JobState.SUBMITTING:
+            _move(job, JobState.PENDING, reason="submitted")
+        elif job.state == JobState.CANCELLING:
+            _send("jobs.tasks.cancel_job", job_id=job.pk)  # cancelled while being submitted
+        job.save()
+
+
+# --- Follow
+
+
+def jobs_poll(*, cluster_id: int) -> int:
+    """One poll of one cluster for all its active jobs; returns how many changed state."""
+    cluster = Cluster.objects.get(pk=cluster_id)
+    jobs = {
+        job.backend_id: job.pk
+        for job in Job.objects.filter(cluster=cluster, state__in=ACTIVE_IN_SCHEDULER).exclude(backend_id="")
+    }
+    if not jobs:
+        return 0
+    try:
+        statuses = backend_of(cluster).poll(sorted(jobs))
+    except BackendUnavailable as exc:
+        cluster_mark_health(cluster=cluster, healthy=False, detail=str(exc))
+        return 0
+    if not cluster.healthy:
+        cluster_mark_health(cluster=cluster, healthy=True, detail="answers")
+    return sum(
+        job_apply_status(job_id=jobs[backend_id], status=status) for backend_id, status in statuses.items()
+    )
+
+
+def job_apply_status(*, job_id: int, status: JobStatus) -> bool:
+    """Follow what the scheduler says; an end state settles the job. True if the state moved."""
+    if status.state in END_STATES:
+        return job_finish(job_id=job_id, status=status)
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.state in END_STATES:
+            return False
+        # A job being cancelled stays CANCELLING until the scheduler says it ended.
+        moved = status.state != job.state and job.state != JobState.CANCELLING
+        if moved:
+            _move(job, status.state, reason=status.reason, raw_state=status.raw_state)
+        elif job.state != JobState.CANCELLING:
+            job.reason, job.raw_state = status.reason, status.raw_state  # e.g. Priority → Resources
+        job.started_at = job.started_at or status.started_at
+        job.node_list = status.node_list or job.node_list
+        job.save()
+    return moved
+
+
+def job_finish(*, job_id: int, status: JobStatus | None, reject_reason: str = "") -> bool:
+    """Any → an end state: charge the real GPU-hours (elapsed × GPUs) to the grant, release the
+    reservation and the GPUs, record exit code and times, and admit the next waiting job."""
+    with transaction.atomic():
+        partition_id = Job.objects.values_list("partition_id", flat=True).get(pk=job_id)
+        Partition.objects.select_for_update().get(pk=partition_id)  # lock order: partition → job → grant
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.state in END_STATES:
+            return False
+        now = timezone.now()
+        if status is None:
+            _move(job, JobState.REJECTED, reason=reject_reason)
+        else:
+            _move(job, status.state, reason=status.reason, raw_state=status.raw_state)
+            job.exit_code = status.exit_code
+            job.started_at = job.started_at or status.started_at
+            job.node_list = status.node_list or job.node_list
+        job.finished_at = (status.finished_at if status else None) or now
+        elapsed_h = (
+            Decimal(max(0.0, (job.finished_at - job.started_at).total_seconds()) / 3600)
+            if job.started_at
+            else 0
+        )
+        job.gpu_hours = (Decimal(elapsed_h) * job.gpus).quantize(Decimal("0.0001"))
+        grant_settle(
+            grant_id=job.grant_id,
+            reserved_gpu_hours=job.reserved_gpu_hours,
+            used_gpu_hours=job.gpu_hours,
+            gpus=job.gpus if job.holds_gpus else 0,
+        )
+        job.holds_gpus, job.dispatch_lease_until = False, None
+        job.save()
+        transaction.on_commit(lambda: jobs_admit(partition_id=partition_id))
+    return True
+
+
+# --- Cancel
+
+
+def job_cancel(*, actor: AbstractBaseUser, job: Job) -> Job:
+    """QUEUED → CANCELLED at once; SUBMITTING, PENDING or RUNNING → CANCELLING, and the
+    scheduler is told (the poll confirms CANCELLED). An ended job is a conflict."""
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().get(pk=job.pk)
+        if locked.state in END_STATES:
+            raise Conflict(f"Job {locked.pk} has already ended ({locked.state}).")
+        audit_record(
+            actor=actor, action="job.cancel", target=locked, tenant=job.tenant, data={"state": locked.state}
+        )
+        if locked.state in (JobState.SUBMITTING, JobState.PENDING, JobState.RUNNING):
+            _move(locked, JobState.CANCELLING, reason=f"cancelled by {actor.get_username()}")
+            locked.save(update_fields=["state", "reason", "raw_state"])
+            if locked.backend_id:
+                _send("jobs.tasks.cancel_job", job_id=locked.pk)
+    if locked.state == JobState.QUEUED:
+        job_finish(
+            job_id=job.pk,
+            status=JobStatus(
+                backend_id="",
+                state=JobState.CANCELLED,
+                raw_state="",
+                reason=f"cancelled by {actor.get_username()}",
+            ),
+        )
+    return Job.objects.get(pk=job.pk)
+
+
+def job_cancel_in_scheduler(*, job_id: int) -> None:
+    """Tell the scheduler to cancel a CANCELLING job; BackendUnavailable is retried by the task."""
+    job = Job.objects.select_related("cluster").get(pk=job_id)
+    if job.state == JobState.CANCELLING and job.backend_id:
+        backend_of(job.cluster).cancel(job.backend_id)
+
+
+# --- Sweep
+
+
+def jobs_sweep() -> int:
+    """Re-send what a lost message left behind (broker down, worker killed): admitted QUEUED
+    jobs and SUBMITTING jobs whose lease ran out, and admission on partitions with waiting jobs.
+    The database is the source of truth, not the queue. Returns how many were re-sent."""
+    now = timezone.now()
+    stale = Q(dispatch_lease_until__isnull=True) | Q(dispatch_lease_until__lt=now)
+    resend = list(
+        Job.objects.filter(stale)
+        .filter(Q(state=JobState.QUEUED, holds_gpus=True) | Q(state=JobState.SUBMITTING))
+        .values_list("pk", flat=True)
+    )
+    for job_id in resend:
+        current_app.send_task("jobs.tasks.dispatch_job", kwargs={"job_id": job_id})
+    waiting = Job.objects.filter(state=JobState.QUEUED, holds_gpus=False).values_list(
+        "partition_id", flat=True
+    )
+    for partition_id in set(waiting):
+        jobs_admit(partition_id=partition_id)
+    return len(resend)

@@ -1,0 +1,40 @@
+"""The allowed moves between job states (DESIGN.md, Job states): one table, and a move outside
+it is a bug that raises."""
+
+from jobs.models import JobState as S
+
+END_STATES = frozenset(
+    {
+        S.COMPLETED,
+        S.FAILED,
+        S.CANCELLED,
+        S.TIMEOUT,
+        S.NODE_FAIL,
+        S.OUT_OF_MEMORY,
+        S.PREEMPTED,
+        S.REJECTED,
+        S.LOST,
+    }
+)
+ACTIVE_IN_SCHEDULER = frozenset({S.SUBMITTING, S.PENDING, S.RUNNING, S.CANCELLING})
+
+_SCHEDULER_ENDS = END_STATES - {S.REJECTED}
+ALLOWED: dict[str, frozenset[str]] = {
+    S.QUEUED: frozenset({S.SUBMITTING, S.CANCELLED, S.REJECTED}),
+    # A short job can be over before the first poll sees it: straight to its end.
+    S.SUBMITTING: frozenset({S.PENDING, S.RUNNING, S.CANCELLING, S.REJECTED} | _SCHEDULER_ENDS),
+    S.PENDING: frozenset({S.RUNNING, S.CANCELLING} | _SCHEDULER_ENDS),
+    # RUNNING → PENDING: the scheduler requeued it (preemption with requeue, node failure).
+    S.RUNNING: frozenset({S.PENDING, S.CANCELLING} | _SCHEDULER_ENDS),
+    S.CANCELLING: frozenset(_SCHEDULER_ENDS),
+    **{end: frozenset() for end in END_STATES},
+}
+
+
+class InvalidTransition(RuntimeError):
+    pass
+
+
+def check_move(from_state: str, to_state: str) -> None:
+    if to_state not in ALLOWED[from_state]:
+        raise InvalidTransition(f"a job cannot move from {from_state} to {to_state}")

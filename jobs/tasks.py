@@ -1,0 +1,49 @@
+"""Thin Celery tasks: ids in, one service each. Each is safe to run twice."""
+
+from celery import shared_task
+from django.conf import settings
+
+from clusters.backends.base import BackendUnavailable
+from clusters.models import Cluster
+from jobs import services
+
+RETRY = {
+    "autoretry_for": (BackendUnavailable,),
+    "retry_backoff": 2,
+    "retry_backoff_max": 120,
+    "max_retries": 8,
+}
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, soft_time_limit=120, time_limit=150, **RETRY)
+def dispatch_job(*, job_id: int) -> None:
+    """QUEUED → SUBMITTING → PENDING; the lease and find(token) make a second run harmless."""
+    services.job_dispatch(job_id=job_id)
+
+
+@shared_task(acks_late=True, soft_time_limit=60, time_limit=90, **RETRY)
+def cancel_job(*, job_id: int) -> None:
+    """CANCELLING: tell the scheduler; the next poll sees CANCELLED."""
+    services.job_cancel_in_scheduler(job_id=job_id)
+
+
+@shared_task(acks_late=True, soft_time_limit=60, time_limit=90)
+def poll_cluster(*, cluster_id: int) -> int:
+    """One poll of one cluster; an unreachable cluster is marked unhealthy and its jobs wait."""
+    return services.jobs_poll(cluster_id=cluster_id)
+
+
+@shared_task(acks_late=True, soft_time_limit=20, time_limit=30)
+def poll_clusters() -> int:
+    """Beat: one poll task per enabled cluster, so that a slow cluster delays no other."""
+    ids = list(Cluster.objects.filter(enabled=True).values_list("pk", flat=True))
+    for cluster_id in ids:
+        # A poll that waited past the next one is stale: let it expire rather than pile up.
+        poll_cluster.apply_async(kwargs={"cluster_id": cluster_id}, expires=settings.JOB_POLL_INTERVAL_S)
+    return len(ids)
+
+
+@shared_task(acks_late=True, soft_time_limit=50, time_limit=60)
+def sweep_jobs() -> int:
+    """Beat: re-send dispatches whose message was lost, and admit what now fits."""
+    return services.jobs_sweep()
