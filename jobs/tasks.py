@@ -6,6 +6,7 @@ from django.conf import settings
 from clusters.backends.base import BackendUnavailable
 from clusters.models import Cluster
 from jobs import services
+from tenants.models import Tenant
 
 RETRY = {
     "autoretry_for": (BackendUnavailable,),
@@ -47,3 +48,22 @@ def poll_clusters() -> int:
 def sweep_jobs() -> int:
     """Beat: re-send dispatches whose message was lost, and admit what now fits."""
     return services.jobs_sweep()
+
+
+@shared_task(acks_late=True, soft_time_limit=120, time_limit=150, **RETRY)
+def apply_tenant(*, tenant_id: int, cluster_id: int | None = None) -> None:
+    """The tenant's account, QOS and limits on one cluster, or on every enabled one."""
+    if cluster_id is not None:
+        services.tenant_apply(tenant_id=tenant_id, cluster_id=cluster_id)
+        return
+    for pk in Cluster.objects.filter(enabled=True).values_list("pk", flat=True):
+        apply_tenant.delay(tenant_id=tenant_id, cluster_id=pk)
+
+
+@shared_task(acks_late=True, soft_time_limit=50, time_limit=60)
+def apply_tenants() -> int:
+    """Beat, hourly: every tenant's limits on every cluster, whatever changed in between."""
+    ids = list(Tenant.objects.values_list("pk", flat=True))
+    for tenant_id in ids:
+        apply_tenant.delay(tenant_id=tenant_id)
+    return len(ids)

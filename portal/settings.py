@@ -209,6 +209,7 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": JOB_POLL_INTERVAL_S - 1},
     },
     "sweep-jobs": {"task": "jobs.tasks.sweep_jobs", "schedule": 60.0, "options": {"expires": 55}},
+    "apply-tenants": {"task": "jobs.tasks.apply_tenants", "schedule": 3600.0, "options": {"expires": 3000}},
     "remind-grants-ending": {
         "task": "tenants.tasks.remind_grants_ending",
         "schedule": 3600.0,

@@ -26,6 +26,7 @@ from tenants.models import (
 )
 from tenants.roles import ROLE_PERMISSIONS
 from tenants.selectors import staff_emails, tenant_manager_emails
+from tenants.signals import tenant_limits_changed
 
 REMINDER_DAYS = (1, 7)  # nearest first: a grant found late gets one reminder, not two
 
@@ -70,9 +71,15 @@ def tenant_update(*, actor: AbstractBaseUser, tenant: Tenant, changes: dict) -> 
             audit_record(
                 actor=actor, action=f"tenant.{field}", target=tenant, tenant=tenant, data=changed[field]
             )
+    if changed.keys() & {"tier", "state"}:
+        _limits_changed(tenant.pk)
     if changed.keys() - {"tier", "state"}:
         audit_record(actor=actor, action="tenant.update", target=tenant, tenant=tenant, data=changed)
     return tenant
+
+
+def _limits_changed(tenant_id: int) -> None:
+    transaction.on_commit(lambda: tenant_limits_changed.send(sender=Tenant, tenant_id=tenant_id))
 
 
 def _require_active(tenant: Tenant) -> None:
@@ -261,6 +268,7 @@ def quota_request_approve(
         starts_on=request.starts_on,
         **granted,
     )
+    _limits_changed(request.tenant_id)
     partial = any(value != getattr(request, field) for field, value in granted.items())
     request.state = RequestState.PARTIALLY_APPROVED if partial else RequestState.APPROVED
     _decide(actor=actor, request=request, note=note, grant=grant)
