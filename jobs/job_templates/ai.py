@@ -22,14 +22,16 @@ def render_python(values: dict[str, Any], shape: Shape) -> list[str]:
 
 
 def render_torchrun(values: dict[str, Any], shape: Shape) -> list[str]:
+    # Options in their underscore spelling: every torchrun accepts it, while the dashed aliases
+    # (--nproc-per-node) came with PyTorch 2 and fail on 1.x (Debian bookworm's 1.13).
     lines = [*header("torchrun", shape), *venv_lines(values)]
-    common = f"--nproc-per-node={shape.gpus_per_node} --max-restarts={int(values['max_restarts'])}"
+    common = f"--nproc_per_node={shape.gpus_per_node} --max_restarts={int(values['max_restarts'])}"
     port = int(values["rdzv_port"])
     if not shape.multi:
         # --standalone runs the rendezvous store on a free local port: two single-node jobs
         # that share a machine (the local backend, a shared Slurm node) never collide on one.
         return [*lines, f"exec torchrun --standalone --nnodes=1 {common} {_program(values)}"]
-    rdzv = f"--nnodes={shape.nodes} {common} --rdzv-backend=c10d"
+    rdzv = f"--nnodes={shape.nodes} {common} --rdzv_backend=c10d"
     if shape.backend_kind == "slurm":
         return [
             *lines,
@@ -44,7 +46,7 @@ def render_torchrun(values: dict[str, Any], shape: Shape) -> list[str]:
             # node: srun gives a step only the CPUs it asks for, and the workers are its children.
             f"srun --nodes={shape.nodes} --ntasks={shape.nodes} --ntasks-per-node=1 "
             '--cpus-per-task="$SLURM_CPUS_ON_NODE" \\',
-            f'  torchrun {rdzv} --rdzv-id="$SLURM_JOB_ID" --rdzv-endpoint="$rdzv_host":{port} \\',
+            f'  torchrun {rdzv} --rdzv_id="$SLURM_JOB_ID" --rdzv_endpoint="$rdzv_host":{port} \\',
             f"  {_program(values)}",
         ]
     # kubernetes: an Indexed Job of `nodes` pods, each running this script once. The backend
@@ -55,8 +57,8 @@ def render_torchrun(values: dict[str, Any], shape: Shape) -> list[str]:
         *lines,
         'if [[ "$JOB_COMPLETION_INDEX" == 0 ]]; then is_host=1; else is_host=0; fi',
         "",
-        f'exec torchrun {rdzv} --rdzv-id="$PORTAL_RDZV_HOST" --rdzv-endpoint="$PORTAL_RDZV_HOST":{port} \\',
-        f'  --rdzv-conf=is_host="$is_host" {_program(values)}',
+        f'exec torchrun {rdzv} --rdzv_id="$PORTAL_RDZV_HOST" --rdzv_endpoint="$PORTAL_RDZV_HOST":{port} \\',
+        f'  --rdzv_conf=is_host="$is_host" {_program(values)}',
     ]
 
 

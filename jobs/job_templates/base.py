@@ -255,7 +255,7 @@ class JobTemplate:
         if backend_kind not in BACKEND_KINDS:
             raise ValueError(f"unknown backend kind {backend_kind!r}")  # a caller's bug, not input
         errors = self._shape_errors(nodes, gpus_per_node, backend_kind)
-        values, param_errors = validate_params(self.parameters_schema, params)
+        values, param_errors = validate_params(self.parameters_schema, {} if params is None else params)
         errors.update(param_errors)
         if errors:
             raise TemplateInvalid(errors)
@@ -308,6 +308,7 @@ def source_lines(path: str, what: str) -> list[str]:
         "  exit 1",
         "fi",
         "set +eu",
+        "# shellcheck source=/dev/null",
         f"source {q(path)}",
         "set -eu",
         "",

@@ -34,28 +34,37 @@ SOLVERS = [
 ]
 
 
+# The generated decomposeParDict's method. scotch balances any mesh without hints, but some
+# builds (Debian's openfoam package) ship only its stub; simple cuts N slabs along x, which every
+# build has and which suits small or box-shaped meshes.
+METHODS = {
+    "scotch": lambda ranks: ["method scotch;"],
+    "simple": lambda ranks: ["method simple;", f"simpleCoeffs {{ n ({ranks} 1 1); delta 0.001; }}"],
+}
+
+
 def render_openfoam(values: dict[str, Any], shape: Shape) -> list[str]:
     ranks_per_node = int(values.get("ranks_per_node", shape.gpus_per_node))
     ranks = shape.nodes * ranks_per_node
     lines = header("openfoam", shape)
     if "bashrc" in values:
         lines += source_lines(values["bashrc"], "OpenFOAM environment")
-    lines += [f"cd -- {q(values['case_dir'])}", ""]
+    if values["case_dir"] != ".":
+        lines += [f"cd -- {q(values['case_dir'])}", ""]
     if values["block_mesh"]:
         lines += ["blockMesh", ""]
     setup, launcher = mpi_launch(shape, ranks_per_node=ranks_per_node)
     return [
         *lines,
         # The mesh must be split into exactly as many parts as there are ranks. A case's own
-        # decomposeParDict keeps its method and gets the count; a case without one gets scotch,
-        # the one method that needs no geometry hints.
+        # decomposeParDict keeps its method and gets the count; a case without one gets one.
         "if [[ -f system/decomposeParDict ]]; then",
         f"  foamDictionary -entry numberOfSubdomains -set {ranks} system/decomposeParDict",
         "else",
         "  cat > system/decomposeParDict <<'DICT'",
         "FoamFile { version 2.0; format ascii; class dictionary; object decomposeParDict; }",
         f"numberOfSubdomains {ranks};",
-        "method scotch;",
+        *METHODS[values["decompose_method"]](ranks),
         "DICT",
         "fi",
         "decomposePar -force",
@@ -95,6 +104,14 @@ OPENFOAM = JobTemplate(
                 "title": "Run blockMesh",
                 "default": False,
                 "description": "Build the mesh from system/blockMeshDict before decomposing.",
+            },
+            "decompose_method": {
+                "type": "string",
+                "title": "Decomposition method",
+                "enum": list(METHODS),
+                "default": "scotch",
+                "description": "For a case without system/decomposeParDict: scotch, or simple (slabs "
+                "along x) where the build lacks scotch. A case's own dict keeps its method.",
             },
             "ranks_per_node": RANKS_PER_NODE,
         },

@@ -106,7 +106,9 @@ GROMACS = JobTemplate(
                 "title": "Steps",
                 "minimum": -1,
                 "maximum": 10**12,
-                "description": "Overrides nsteps of the run input (-1: no limit).",
+                "description": "Steps to run, overriding the run input's nsteps (-1: no limit). Counted "
+                "from where the run starts, a checkpoint included: for a fixed total, set nsteps "
+                "in the .mdp instead.",
             },
             "resume": {
                 "type": "boolean",

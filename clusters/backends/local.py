@@ -1,0 +1,512 @@
+"""The local cluster: jobs run as processes on the portal's own machine (DESIGN.md, Backends: local).
+
+For a single shared GPU server and for the demo. Everything lives under config.state_dir:
+
+    alloc.json, alloc.lock   GPUs in use and the FIFO queue; changed only under flock(alloc.lock)
+    ids/<backend id>         the job's token, so that poll and cancel find its directory
+    jobs/<token>/            the job's cwd: <token>.sh, <token>.out, and .portal/ with our records
+
+A job is started through a small Python wrapper in its own session and process group. The wrapper
+runs `/bin/bash <token>.sh`, reaps the job's orphans as a subreaper and writes the exit code to
+.portal/status itself, so the code survives the death of the worker that started the job.
+.portal/proc.json holds the wrapper's pid (= pgid), start time and boot id, so that any process can
+tell the job's group from a later one that reused the pid; .portal/ended_by says why we killed it;
+.portal/end.json is the final record, written once, under the lock, by whoever first sees the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from clusters.backends import base
+from clusters.backends.base import BackendError, ClusterConfig, Health, JobRef, JobSpec, JobStatus, LogTail
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # a directory and file name: no "/", no ".."
+_BACKEND_ID = re.compile(r"^local-[0-9]{1,18}$")
+_SMI_GPU = re.compile(r"^GPU (\d+):.*\(UUID: (GPU-[0-9A-Fa-f-]+)\)$")
+# The worker's own environment holds the portal's secrets (SECRET_KEY, DATABASE_URL…), so a job
+# inherits only these names from it.
+_INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "LD_LIBRARY_PATH")
+_KILL_WAIT_S = 3.0
+_LOCK_TIMEOUT_S = 30.0
+_KILLED_BY = {
+    "cancelled": (base.CANCELLED, "CANCELLED", "cancelled"),
+    "timeout": (base.TIMEOUT, "TIMEOUT", "walltime reached"),
+}
+
+# Run as `python -I -S -c _WRAPPER script out status env_file`: paths are arguments, the job's
+# environment comes from a file, and nothing here is ever assembled from user text.
+_WRAPPER = r"""
+import ctypes, json, os, signal, sys, time
+script, out, status, env_file = sys.argv[1:5]
+try:  # PR_SET_CHILD_SUBREAPER: the job's orphans come to us, so none is left a zombie elsewhere
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
+except Exception:
+    pass
+signal.signal(signal.SIGTERM, lambda *_: None)  # outlive the job to record it; bash gets SIG_DFL
+with open(env_file) as f:
+    env = json.load(f)
+try:
+    pid = os.posix_spawn("/bin/bash", ["/bin/bash", script], env, setsigmask=(),
+        setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+        file_actions=[(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                      (os.POSIX_SPAWN_OPEN, 1, out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+                      (os.POSIX_SPAWN_DUP2, 1, 2)])
+    while (reaped := os.wait())[0] != pid:
+        pass
+    rc = os.waitstatus_to_exitcode(reaped[1])
+    rc = 128 - rc if rc < 0 else rc
+except OSError as exc:
+    print(exc, file=sys.stderr)
+    rc = 127
+with open(status + ".tmp", "w") as f:
+    f.write(f"{rc}\n")
+os.replace(status + ".tmp", status)
+os.killpg(0, signal.SIGTERM)  # like Slurm: the job ends when its script does
+deadline = time.monotonic() + 5
+while time.monotonic() < deadline:
+    try:
+        if os.waitpid(-1, os.WNOHANG)[0] == 0:
+            time.sleep(0.05)
+    except ChildProcessError:
+        sys.exit(0)
+os.killpg(0, signal.SIGKILL)
+"""
+
+# Wrappers this process started, polled so that a long-lived worker keeps no zombies.
+_children: dict[int, subprocess.Popen] = {}
+_children_lock = threading.Lock()
+
+
+def parse_nvidia_smi_list(text: str) -> list[tuple[int, str]]:
+    """(index, UUID) of each GPU in `nvidia-smi -L` output; MIG devices and other lines are skipped."""
+    return [(int(m[1]), m[2]) for line in text.splitlines() if (m := _SMI_GPU.match(line.strip()))]
+
+
+def detect_gpus(nvidia_smi: str = "nvidia-smi") -> list[int]:
+    """Indexes of this machine's GPUs; [] when nvidia-smi is missing, fails or hangs."""
+    path = shutil.which(nvidia_smi)
+    if path is None:
+        return []
+    try:
+        done = subprocess.run([path, "-L"], capture_output=True, text=True, timeout=15, check=True)  # noqa: S603
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [index for index, _ in parse_nvidia_smi_list(done.stdout)]
+
+
+@functools.cache
+def _machine_gpus(nvidia_smi: str) -> tuple[int, ...]:
+    # GPUs do not come and go while a worker lives: ask nvidia-smi once per process.
+    return tuple(detect_gpus(nvidia_smi))
+
+
+@functools.cache
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int, *, running: bool = False) -> int | None:
+    """The process's start time in clock ticks since boot; None if it is gone (or, with running, a
+    zombie)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # the name may hold ")"
+    except OSError:
+        return None
+    return None if running and fields[0] in "ZX" else int(fields[19])
+
+
+def _alive(proc: dict[str, Any]) -> bool:
+    """Whether the job's wrapper still runs: same boot, same pid and start time, not a zombie."""
+    ticks = _start_ticks(proc["pid"], running=True)
+    return ticks is not None and ticks == proc["start_ticks"] and proc["boot_id"] == _boot_id()
+
+
+def _reap() -> None:
+    with _children_lock:
+        for pid, child in list(_children.items()):
+            if child.poll() is not None:
+                del _children[pid]
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def _write_json(path: Path, data: Any) -> None:
+    # Readers do not take the lock, so they must see the old file or the new one, never half of one.
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _finish(
+    meta: Path, state: str, raw: str, reason: str, exit_code: int | None = None, **times: Any
+) -> dict:
+    end = {"state": state, "raw_state": raw, "reason": reason, "exit_code": exit_code}
+    end |= {"started_at": None, "finished_at": time.time(), **times}
+    _write_json(meta / "end.json", end)
+    return end
+
+
+def _dt(timestamp: float | None) -> datetime | None:
+    return None if timestamp is None else datetime.fromtimestamp(timestamp, tz=UTC)
+
+
+class LocalBackend:
+    """Runs jobs on this machine: a GPU is never shared by two jobs; waiting jobs start FIFO."""
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        *,
+        minute_s: float = 60.0,
+        grace_s: float = 10.0,
+        nvidia_smi: str = "nvidia-smi",
+    ) -> None:
+        """`minute_s`: how long a minute of walltime lasts, 60 in service; a test/speed knob that
+        tests set to about 1 so that a walltime passes quickly. `grace_s`: from SIGTERM to SIGKILL."""
+        self.config = config
+        self.minute_s = minute_s
+        self.grace_s = grace_s
+        count = config.local_gpus
+        self.gpus: list[int] = list(range(count)) if count > 0 else list(_machine_gpus(nvidia_smi))
+
+    def submit(self, spec: JobSpec) -> str:
+        """Accept the job and return "local-<n>": it starts at once if its GPUs are free, else it
+        waits (PENDING, Resources) for a later poll or submit, oldest first. A repeat with the same
+        token returns the first id."""
+        if spec.nodes != 1:
+            raise BackendError("the local cluster has one node")
+        if spec.gpus > len(self.gpus):
+            raise BackendError(f"the job asks for {spec.gpus} GPUs; the local cluster has {len(self.gpus)}")
+        if not _TOKEN.match(spec.token):
+            raise BackendError(f"invalid job token {spec.token!r}")
+        for name, value in [*spec.env.items(), ("PORTAL_JOB_NAME", spec.name)]:
+            if not _ENV_NAME.match(name) or "\0" in value:
+                raise BackendError(
+                    f"invalid environment variable {name!r}: a bad name, or a NUL in its value"
+                )
+        _reap()
+        with self._locked() as state:
+            if (found := self.find(spec.token)) is not None:
+                return found
+            backend_id = f"local-{state['next_id']}"
+            state["next_id"] += 1
+            tmp = Path(tempfile.mkdtemp(prefix=".new-", dir=self._root / "jobs"))
+            try:
+                (tmp / f"{spec.token}.sh").write_text(spec.script)
+                (tmp / ".portal").mkdir()
+                record = {"id": backend_id, "token": spec.token, "name": spec.name, "env": dict(spec.env)}
+                _write_json(tmp / ".portal" / "job.json", {**record, "submitted_at": time.time()})
+                (self._root / "ids" / backend_id).write_text(spec.token)
+                state["queue"].append(
+                    dict(id=backend_id, token=spec.token, gpus=spec.gpus, walltime=spec.walltime_minutes)
+                )
+                # Saved before the directory appears: a crash in between leaves a queue entry with no
+                # directory (dropped later; find() says None, so the portal submits again), never a
+                # directory that find() reports but that no queue holds.
+                self._save(state)
+                os.rename(tmp, self._job_dir(spec.token))
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            self._settle(state)
+            return backend_id
+
+    def find(self, token: str) -> str | None:
+        """The id of the job submitted with this token, if its directory exists."""
+        if not _TOKEN.match(token):
+            return None
+        record = _read_json(self._job_dir(token) / ".portal" / "job.json")
+        return record["id"] if record else None
+
+    def poll(self, backend_ids: list[str]) -> dict[str, JobStatus]:
+        """Status of each known job, read from the job directories (no process started per job).
+        Also kills jobs past their walltime (TIMEOUT), releases ended jobs' GPUs and starts waiting
+        jobs that now fit. Unknown ids are left out."""
+        _reap()
+        tokens = {backend_id: token for backend_id in backend_ids if (token := self._token_of(backend_id))}
+        with self._locked() as state:
+            self._settle(state)
+            overdue = self._mark_overdue(state)
+        if overdue:
+            self._terminate(overdue)
+            with self._locked() as state:
+                self._settle(state)
+        statuses = {backend_id: self._status(backend_id, tokens[backend_id], state) for backend_id in tokens}
+        return {backend_id: status for backend_id, status in statuses.items() if status is not None}
+
+    def cancel(self, backend_id: str) -> None:
+        """End the job: a waiting one leaves the queue; a running one's process group gets SIGTERM,
+        then SIGKILL after grace_s (bounded). A finished or unknown job is left as it is."""
+        token = self._token_of(backend_id)
+        if token is None:
+            return
+        _reap()
+        meta = self._job_dir(token) / ".portal"
+        with self._locked() as state:
+            self._settle(state)  # a job that has just ended by itself is not reported as cancelled
+            waiting = [job for job in state["queue"] if job["id"] == backend_id]
+            if waiting:
+                state["queue"].remove(waiting[0])
+                _finish(meta, base.CANCELLED, "CANCELLED", "cancelled before it started")
+                return
+            if backend_id not in state["running"]:
+                return
+            proc = _read_json(meta / "proc.json")
+            self._mark(meta, "cancelled")
+        if proc is not None:
+            self._terminate([proc])
+        with self._locked() as state:
+            self._settle(state)
+
+    def log_tail(self, job: JobRef, *, lines: int, max_bytes: int) -> LogTail:
+        """The last `lines` lines of the job's output, reading at most `max_bytes` from its end; a
+        line cut by that bound is dropped. `truncated`: earlier output exists."""
+        if not _TOKEN.match(job.token) or lines <= 0 or max_bytes <= 0:
+            return LogTail(lines=[], truncated=False)
+        try:
+            with open(self._job_dir(job.token) / f"{job.token}.out", "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                start = max(0, size - max_bytes)
+                f.seek(start)
+                data = f.read(size - start)  # the job may still be writing: never read past the bound
+        except FileNotFoundError:
+            return LogTail(lines=[], truncated=False)
+        truncated = start > 0
+        if truncated and b"\n" in data[:-1]:
+            data = data[data.index(b"\n") + 1 :]
+        text = data.decode(errors="replace").splitlines()
+        if len(text) > lines:
+            truncated, text = True, text[-lines:]
+        return LogTail(lines=text, truncated=truncated)
+
+    def inventory(self) -> list[base.PartitionInfo]:
+        """One partition, "local": this machine's GPUs and how many no job holds."""
+        with self._locked() as state:
+            self._settle(state)
+        busy = {gpu for job in state["running"].values() for gpu in job["gpus"]}
+        free = len([gpu for gpu in self.gpus if gpu not in busy])
+        return [base.PartitionInfo("local", "local", len(self.gpus), 1, free, max_walltime_minutes=None)]
+
+    def apply_tenant(self, limits: base.TenantLimits) -> None:
+        """Nothing to apply: on the local cluster the portal's own quota checks are the limits."""
+
+    def health(self) -> Health:
+        """Healthy when the state directory is writable; never raises."""
+        try:
+            root = self._root
+            root.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=root).close()
+        except Exception as exc:
+            return Health(healthy=False, detail=f"state directory not writable: {exc}")
+        return Health(healthy=True, detail=f"{len(self.gpus)} GPUs; state in {root}")
+
+    # -- state and records ---------------------------------------------------------------------
+
+    @property
+    def _root(self) -> Path:
+        if not self.config.state_dir:
+            raise BackendError("the local cluster has no state_dir")
+        return Path(self.config.state_dir)
+
+    def _job_dir(self, token: str) -> Path:
+        return self._root / "jobs" / token
+
+    def _token_of(self, backend_id: str) -> str | None:
+        if not _BACKEND_ID.match(backend_id):
+            return None
+        try:
+            token = (self._root / "ids" / backend_id).read_text()
+        except FileNotFoundError:
+            return None
+        return token if _TOKEN.match(token) and self._job_dir(token).is_dir() else None
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[dict[str, Any]]:
+        """The allocation state, saved on a normal exit. flock, not a thread lock: two workers (or
+        two threads) submitting at once must not both take the same free GPU."""
+        root = self._root
+        try:
+            for sub in ("jobs", "ids"):
+                (root / sub).mkdir(parents=True, exist_ok=True)
+            fd = os.open(root / "alloc.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise base.BackendUnavailable(f"local cluster state directory: {exc}") from exc
+        try:
+            deadline = time.monotonic() + _LOCK_TIMEOUT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise base.BackendUnavailable("the allocation file stayed locked") from None
+                    time.sleep(0.01)
+            state = _read_json(root / "alloc.json") or {"next_id": 1, "running": {}, "queue": []}
+            yield state
+            self._save(state)
+        finally:
+            os.close(fd)  # also releases the flock
+
+    def _save(self, state: dict[str, Any]) -> None:
+        _write_json(self._root / "alloc.json", state)
+
+    def _settle(self, state: dict[str, Any]) -> None:
+        """Under the lock: release the GPUs of ended jobs, then start waiting jobs that fit, strictly
+        in order, so that a big job is not starved by small ones behind it."""
+        for backend_id, job in list(state["running"].items()):
+            if self._end_record(self._job_dir(job["token"]) / ".portal") is not None:
+                del state["running"][backend_id]
+        busy = {gpu for job in state["running"].values() for gpu in job["gpus"]}
+        free = [gpu for gpu in self.gpus if gpu not in busy]
+        while state["queue"]:
+            job = state["queue"][0]
+            meta = self._job_dir(job["token"]) / ".portal"
+            proc = _read_json(meta / "proc.json")
+            if not meta.is_dir() or (meta / "end.json").exists():
+                proc = None
+            elif proc is not None:  # started just before a crash that lost the saved state
+                free = [gpu for gpu in free if gpu not in proc["gpus"]]
+            elif job["gpus"] > len(self.gpus):  # the configured GPU count shrank since submit
+                _finish(meta, base.REJECTED, "REJECTED", "asks for more GPUs than the cluster has")
+            elif job["gpus"] > len(free):
+                break
+            else:
+                proc = self._start(job["id"], job["token"], free[: job["gpus"]])
+                free = free[job["gpus"] :]
+            state["queue"].pop(0)
+            if proc is not None:
+                state["running"][job["id"]] = {**job, "gpus": proc["gpus"], "started_at": proc["started_at"]}
+
+    def _start(self, backend_id: str, token: str, gpus: list[int]) -> dict[str, Any] | None:
+        job_dir = self._job_dir(token)
+        meta = job_dir / ".portal"
+        record = _read_json(meta / "job.json")
+        env = {name: os.environ[name] for name in _INHERITED_ENV if name in os.environ}
+        env |= record["env"]
+        env |= {"PORTAL_JOB_ID": backend_id, "PORTAL_JOB_NAME": record["name"], "PORTAL_JOB_TOKEN": token}
+        # nvidia-smi numbers GPUs in PCI bus order, CUDA by default fastest first.
+        env |= {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+        _write_json(meta / "env.json", env)
+        paths = [job_dir / f"{token}.sh", job_dir / f"{token}.out", meta / "status", meta / "env.json"]
+        try:
+            with open(meta / "wrapper.log", "ab") as log:
+                child = subprocess.Popen(  # noqa: S603 - a constant program, paths as arguments
+                    [sys.executable, "-I", "-S", "-c", _WRAPPER, *map(str, paths)],
+                    cwd=job_dir,
+                    env={"PATH": os.defpath},
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                )
+        except OSError as exc:
+            _finish(meta, base.FAILED, "LAUNCH_FAILED", f"could not start the job: {exc}")
+            return None
+        with _children_lock:
+            _children[child.pid] = child
+        proc = {"pid": child.pid, "pgid": child.pid, "start_ticks": _start_ticks(child.pid)}
+        proc |= {"boot_id": _boot_id(), "started_at": time.time(), "gpus": gpus}
+        _write_json(meta / "proc.json", proc)
+        return proc
+
+    def _mark_overdue(self, state: dict[str, Any]) -> list[dict[str, Any]]:
+        overdue = []
+        for job in state["running"].values():
+            if job["walltime"] > 0 and time.time() - job["started_at"] > job["walltime"] * self.minute_s:
+                meta = self._job_dir(job["token"]) / ".portal"
+                self._mark(meta, "timeout")
+                overdue.append(_read_json(meta / "proc.json"))
+        return [proc for proc in overdue if proc is not None]
+
+    def _mark(self, meta: Path, cause: str) -> None:
+        # Written before any signal, so that a worker dying mid-kill still leaves the reason behind.
+        if not (meta / "ended_by").exists():
+            (meta / "ended_by").write_text(cause)
+
+    def _terminate(self, procs: list[dict[str, Any]]) -> None:
+        """SIGTERM each job's process group, SIGKILL those still there after grace_s; bounded."""
+        for sig, wait_s in ((signal.SIGTERM, self.grace_s), (signal.SIGKILL, _KILL_WAIT_S)):
+            live = [proc for proc in procs if _alive(proc)]
+            for proc in live:
+                # Only while its leader is ours (checked just above), so never a reused pgid.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc["pgid"], sig)
+            deadline = time.monotonic() + wait_s
+            while live and time.monotonic() < deadline:
+                time.sleep(0.05)
+                _reap()
+                live = [proc for proc in live if _alive(proc)]
+            if not live:
+                return
+
+    def _end_record(self, meta: Path) -> dict[str, Any] | None:
+        """The final record of a started job, written the first time it is seen ended; None while
+        its wrapper runs."""
+        if (end := _read_json(meta / "end.json")) is not None:
+            return end
+        proc = _read_json(meta / "proc.json")
+        if proc is None:
+            return _finish(meta, base.FAILED, "LOST", "no process record: the worker died starting it")
+        if _alive(proc):
+            return None
+        try:  # read after the liveness check: the wrapper writes it before it exits
+            exit_code = int((meta / "status").read_text())
+            finished_at = (meta / "status").stat().st_mtime
+        except (FileNotFoundError, ValueError):
+            exit_code, finished_at = None, time.time()
+        try:
+            cause = (meta / "ended_by").read_text()
+        except FileNotFoundError:
+            cause = ""
+        if cause in _KILLED_BY:
+            state, raw, reason = _KILLED_BY[cause]
+        elif exit_code == 0:
+            state, raw, reason = base.COMPLETED, "COMPLETED", ""
+        elif exit_code is not None:
+            state, raw, reason = base.FAILED, "FAILED", f"exit code {exit_code}"
+        else:
+            state, raw, reason = base.FAILED, "KILLED", "no exit status: killed, or the machine restarted"
+        times = {"started_at": proc["started_at"], "finished_at": finished_at}
+        return _finish(meta, state, raw, reason, exit_code, **times)
+
+    def _status(self, backend_id: str, token: str, state: dict[str, Any]) -> JobStatus | None:
+        node = socket.gethostname()
+        if (end := _read_json(self._job_dir(token) / ".portal" / "end.json")) is not None:
+            started, finished = _dt(end.pop("started_at")), _dt(end.pop("finished_at"))
+            node = node if started else ""
+            return JobStatus(backend_id, **end, started_at=started, finished_at=finished, node_list=node)
+        if (job := state["running"].get(backend_id)) is not None:
+            started = _dt(job["started_at"])
+            return JobStatus(backend_id, base.RUNNING, "RUNNING", started_at=started, node_list=node)
+        if any(job["id"] == backend_id for job in state["queue"]):
+            return JobStatus(backend_id, base.PENDING, "PENDING", reason="Resources")
+        return None

@@ -1,0 +1,152 @@
+"""A tenant's Slurm account, users, QOS and GPU limits, kept in step with sacctmgr.
+
+Everything is read first (three `sacctmgr -P -n show` commands) and only what differs is
+written, so a second run with the same limits writes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from clusters.backends.base import BackendError, TenantLimits
+from clusters.backends.slurm import ssh
+from clusters.backends.slurm.parse import check_count, check_name, tres
+
+if TYPE_CHECKING:
+    from clusters.backends.slurm.backend import SlurmBackend
+
+PARENT = "portal"  # every tenant's account sits under this one
+# One QOS per tier; Priority counts only where slurm.conf gives PriorityWeightQOS a weight.
+TIERS = {"portal-low": 10, "portal-normal": 100, "portal-high": 1000, "portal-critical": 10000}
+ASSOC_FIELDS = "Account,User,ParentName,GrpTRES,GrpTRESMins,QOS,DefaultQOS"
+
+
+def apply_tenant(backend: SlurmBackend, limits: TenantLimits) -> None:
+    # sacctmgr keeps account and user names in lower case: compare them that way
+    account = check_name(limits.account, "account").lower()
+    if account == PARENT:
+        raise BackendError(f"{PARENT!r} is the portal's parent account, not a tenant's")
+    users = {check_name(user, "user").lower() for user in limits.users}
+    qos = check_name(limits.qos, "QOS")
+    for gpu_type, count in limits.gpus_by_type.items():
+        check_name(gpu_type, "GPU type")
+        check_count(count, f"GPU count for {gpu_type}", minimum=0)
+    check_count(limits.gpu_minutes, "GPU minutes", minimum=0)
+    cluster = [f"cluster={check_name(backend.config.slurm_cluster_name, 'cluster')}"] * bool(
+        backend.config.slurm_cluster_name
+    )
+
+    _ensure_tiers(backend, qos)
+    grp_tres = _grp_tres(backend, limits.gpus_by_type)
+    settings = [
+        "GrpTRES=" + ",".join(f"{name}={value}" for name, value in grp_tres.items()),
+        f"GrpTRESMins=gres/gpu={limits.gpu_minutes}",
+        f"QOS={qos}",
+        f"DefaultQOS={qos}",
+    ]
+
+    condition = ["where", f"account={PARENT},{account}", *cluster]
+    rows = backend.check(["sacctmgr", "-P", "-n", "show", "assoc", *condition, f"format={ASSOC_FIELDS}"])
+    assocs = [dict(zip(ASSOC_FIELDS.split(","), row.split("|"), strict=False)) for row in rows.splitlines()]
+    parent_rows = [row for row in assocs if row["Account"] == PARENT and not row["User"]]
+    account_rows = [row for row in assocs if row["Account"] == account and not row["User"]]
+    user_rows = [row for row in assocs if row["Account"] == account and row["User"]]
+    about = ["description=GPU portal", "organization=portal"]
+
+    if not parent_rows:
+        backend.check(["sacctmgr", "-i", "add", "account", f"name={PARENT}", *cluster, *about])
+    if not account_rows:
+        backend.check(
+            [
+                "sacctmgr",
+                "-i",
+                "add",
+                "account",
+                f"name={account}",
+                f"parent={PARENT}",
+                *cluster,
+                *about,
+                *settings,
+            ]
+        )
+    else:
+        where = ["where", f"name={account}", *cluster, "set"]
+        if account_rows[0]["ParentName"] != PARENT:
+            backend.check(["sacctmgr", "-i", "modify", "account", *where, f"parent={PARENT}"])
+        current = account_rows[0]
+        current_tres, current_mins = tres(current["GrpTRES"]), tres(current["GrpTRESMins"])
+        stale = (
+            any(current_tres.get(name) != str(value) for name, value in grp_tres.items())
+            or current_mins.get("gres/gpu") != str(limits.gpu_minutes)
+            # `modify account … set QOS` also sets the users' associations under it: check theirs too
+            or any(row["QOS"] != qos or row["DefaultQOS"] != qos for row in [current, *user_rows])
+        )
+        if stale:
+            backend.check(["sacctmgr", "-i", "modify", "account", *where, *settings])
+
+    present = {row["User"] for row in user_rows}
+    if missing := sorted(users - present):
+        # a new user association copies the account's QOS list and default at creation
+        backend.check(
+            ["sacctmgr", "-i", "add", "user", f"name={','.join(missing)}", f"account={account}", *cluster]
+        )
+    if extra := sorted(present - users):
+        # refused by Slurm while such a user still has jobs under the account: BackendError
+        backend.check(
+            [
+                "sacctmgr",
+                "-i",
+                "delete",
+                "user",
+                "where",
+                f"name={','.join(extra)}",
+                f"account={account}",
+                *cluster,
+            ]
+        )
+
+
+def _ensure_tiers(backend: SlurmBackend, qos: str) -> None:
+    """The tier QOS with their priorities. Creating or changing a QOS needs a Slurm
+    Administrator; an Operator gets a BackendError that says what to run once instead."""
+    rows = backend.check(["sacctmgr", "-P", "-n", "show", "qos", "format=Name,Priority"])
+    existing = dict(row.split("|", 1) for row in rows.splitlines() if "|" in row)
+    for name, priority in TIERS.items():
+        if existing.get(name) == str(priority):
+            continue
+        if name in existing:
+            argv = ["sacctmgr", "-i", "modify", "qos", "where", f"name={name}", "set", f"priority={priority}"]
+        else:
+            argv = ["sacctmgr", "-i", "add", "qos", f"name={name}", f"priority={priority}"]
+        result = backend.run(argv)
+        if result.rc != 0:
+            error = ssh.failure(result)
+            if "permission denied" in result.message.lower() or "privilege" in result.message.lower():
+                raise type(error)(
+                    f"QOS {name} (Priority={priority}) is missing or differs and {backend.config.ssh_user} "
+                    f"may not change QOS: a Slurm administrator runs once `sacctmgr -i add qos {name} "
+                    f"priority={priority}` ({result.message})"
+                )
+            raise error
+        existing[name] = str(priority)
+    if qos not in existing:
+        raise BackendError(f"QOS {qos!r} does not exist on the cluster")
+
+
+def _grp_tres(backend: SlurmBackend, gpus_by_type: dict[str, int]) -> dict[str, int]:
+    """gres/gpu=<sum> and gres/gpu:<type>=<n> for every GPU type Slurm tracks, 0 for types
+    without a grant, so that a grant taken away takes its GPUs away too."""
+    rows = backend.check(["sacctmgr", "-P", "-n", "show", "tres", "format=Type,Name"])
+    tracked = sorted(
+        name.removeprefix("gpu:")
+        for kind, _bar, name in (row.partition("|") for row in rows.splitlines())
+        if kind == "gres" and name.startswith("gpu:")
+    )
+    if untracked := sorted(set(gpus_by_type) - set(tracked)):
+        raise BackendError(
+            f"GPU type(s) {', '.join(untracked)} not tracked by Slurm: add gres/gpu:TYPE to "
+            "AccountingStorageTRES in slurm.conf"
+        )
+    limits = {"gres/gpu": sum(gpus_by_type.values())}
+    limits.update({f"gres/gpu:{gpu_type}": gpus_by_type.get(gpu_type, 0) for gpu_type in tracked})
+    return limits

@@ -1,0 +1,302 @@
+"""SlurmBackend: jobs on a Slurm cluster through its login node (DESIGN.md, Backends)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from clusters.backends import base
+from clusters.backends.base import (
+    BackendError,
+    ClusterConfig,
+    Health,
+    JobRef,
+    JobSpec,
+    JobStatus,
+    LogTail,
+    PartitionInfo,
+    TenantLimits,
+)
+from clusters.backends.slurm import accounts, ssh
+from clusters.backends.slurm.parse import (
+    NO_VALUE,
+    SLURM_END_STATES,
+    check_count,
+    check_job_id,
+    check_job_name,
+    check_name,
+    check_token,
+    gpu_gres,
+    minutes,
+    portal_state,
+    render_script,
+    sacct_exit_code,
+    slurm_time,
+    wait_status_exit_code,
+)
+
+# Ids per squeue/sacct pair: 1000 ids of 8 digits keep the command line near 9 kB, far below
+# any sshd or ARG_MAX limit. More ids than that take one squeue and one sacct per 1000.
+POLL_CHUNK = 1000
+# squeue and sacct print times in the login node's local zone, without an offset: run them in UTC.
+UTC_ENV = ["env", "TZ=UTC"]
+SQUEUE_FIELDS = "JobID:|,State:|,Reason:|,NodeList:|,StartTime:|,EndTime:|,exit_code:|"
+SACCT_FIELDS = "JobID,State,ExitCode,Start,End,NodeList,Reason"
+USABLE_NODE_STATES = {"idle", "mixed", "allocated", "completing", "planned"}
+
+
+@dataclass(frozen=True)
+class _Record:
+    raw_state: str
+    reason: str
+    node_list: str
+    start: str
+    end: str
+    exit_code: int | None
+
+
+class SlurmBackend:
+    """Slurm over SSH. `commands` lists the argv of every remote command this instance ran."""
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        *,
+        connect_timeout_s: float = 10,
+        command_timeout_s: float = 30,
+        find_window_days: int = 7,
+    ):
+        self.config = config
+        self.connect_timeout_s = connect_timeout_s
+        self.command_timeout_s = command_timeout_s
+        self.find_window_days = find_window_days
+        self.commands: list[list[str]] = []
+
+    # ------------------------------------------------------------------ plumbing --
+    def run(
+        self, argv: list[str], *, stdin: str | None = None, timeout_s: float | None = None
+    ) -> ssh.CommandResult:
+        """Run argv on the login node through the pooled connection; any exit status."""
+        return ssh.run(
+            self.config,
+            argv,
+            stdin=stdin,
+            connect_timeout_s=self.connect_timeout_s,
+            timeout_s=timeout_s or self.command_timeout_s,
+            record=self.commands,
+        )
+
+    def check(self, argv: list[str], *, stdin: str | None = None) -> str:
+        """Run argv; its stdout, or BackendError/BackendUnavailable with Slurm's message."""
+        result = self.run(argv, stdin=stdin)
+        if result.rc != 0:
+            raise ssh.failure(result)
+        return result.stdout
+
+    def _job_dir(self, account: str) -> str:
+        root = self.config.scratch_root.rstrip("/")
+        if not root.startswith("/"):
+            home = ssh.home_directory(self.config, self.connect_timeout_s, self.command_timeout_s).rstrip("/")
+            root = f"{home}/{root or 'portal-jobs'}"
+        return f"{root}/{check_name(account, 'account')}"
+
+    # ------------------------------------------------------------------- jobs --
+    def submit(self, spec: JobSpec) -> str:
+        check_token(spec.token)
+        check_job_name(spec.name)
+        for value, what in ((spec.account, "account"), (spec.qos, "QOS"), (spec.partition, "partition")):
+            check_name(value, what)
+        check_name(spec.gpu_type, "GPU type")  # typed always: an untyped request slips past typed limits
+        for value, what in (
+            (spec.gpus_per_node, "GPUs per node"),
+            (spec.nodes, "node count"),
+            (spec.walltime_minutes, "walltime"),
+            (spec.cpus_per_gpu, "CPUs per GPU"),
+            (spec.mem_per_gpu_mb, "memory per GPU"),
+        ):
+            check_count(value, what)
+        script = render_script(spec.script, spec.env)
+        directory = self._job_dir(spec.account)
+        output = f"{directory}/{spec.token}.out"
+        self.check(["mkdir", "-p", "--", directory])
+        stdout = self.check(
+            [
+                "sbatch",
+                "--parsable",
+                f"--job-name={spec.name}",
+                f"--account={spec.account}",
+                f"--qos={spec.qos}",
+                f"--partition={spec.partition}",
+                f"--gres=gpu:{spec.gpu_type}:{spec.gpus_per_node}",
+                f"--nodes={spec.nodes}",
+                f"--time={spec.walltime_minutes}",
+                f"--cpus-per-gpu={spec.cpus_per_gpu}",
+                f"--mem-per-gpu={spec.mem_per_gpu_mb}M",
+                f"--comment={spec.token}",
+                f"--output={output}",
+                f"--error={output}",
+                f"--chdir={directory}",
+            ],
+            stdin=script,  # sbatch reads the script from stdin when given no file
+        )
+        job_id = stdout.strip().split(";")[0]  # "123" or "123;cluster"
+        if not job_id.isdigit():
+            raise BackendError(f"sbatch answered {stdout.strip()[:200]!r}, not a job id")
+        return job_id
+
+    def find(self, token: str) -> str | None:
+        """squeue knows the jobs slurmctld holds (pending, running, ended < MinJobAge ago) and
+        prints their comment. Older ones: sacct, whose Comment stays empty unless slurm.conf has
+        AccountingStoreFlags=job_comment, but whose SubmitLine (stored by 22.05) holds
+        --comment=<token>. None only when both answered and neither knows the token."""
+        check_token(token)
+        user = self.config.ssh_user
+        queued = self.check(["squeue", "-h", "-t", "all", "-u", user, "-o", "%i|%k"])
+        ids = [job_id for job_id, comment in _split(queued, 2) if comment == token]
+        if not ids:
+            window = f"now-{check_count(self.find_window_days, 'find window')}days"
+            fields = "JobID,Comment,SubmitLine"
+            accounted = self.check(["sacct", "-X", "-P", "-n", "-u", user, "-S", window, "-o", fields])
+            flag = f"--comment={token}"
+            ids = [
+                job_id
+                for job_id, comment, submit_line in _split(accounted, 3)
+                if comment == token or flag in submit_line.split()
+            ]
+        ids = [job_id for job_id in ids if job_id.isdigit()]
+        return max(ids, key=int) if ids else None
+
+    def poll(self, backend_ids: list[str]) -> dict[str, JobStatus]:
+        """One squeue and one sacct per POLL_CHUNK ids. squeue has the live state and the
+        pending reason; sacct has jobs slurmctld forgot, exit codes and times."""
+        ids = sorted({check_job_id(backend_id) for backend_id in backend_ids}, key=int)
+        statuses: dict[str, JobStatus] = {}
+        for start in range(0, len(ids), POLL_CHUNK):
+            chunk = ",".join(ids[start : start + POLL_CHUNK])
+            live = self._squeue(chunk)
+            accounted = self._sacct(chunk)
+            for job_id in ids[start : start + POLL_CHUNK]:
+                status = _merge(job_id, live.get(job_id), accounted.get(job_id))
+                if status is not None:
+                    statuses[job_id] = status
+        return statuses
+
+    def _squeue(self, ids: str) -> dict[str, _Record]:
+        result = self.run([*UTC_ENV, "squeue", "-h", "-t", "all", "-j", ids, "-O", SQUEUE_FIELDS])
+        if result.rc != 0:
+            if "Invalid job id specified" in result.stderr:
+                return {}  # none of the ids is known to slurmctld any more
+            raise ssh.failure(result)
+        records = {}
+        for job_id, state, reason, nodes, start, end, code, *_rest in _split(result.stdout, 8):
+            records[job_id] = _Record(state, reason, nodes, start, end, wait_status_exit_code(code))
+        return records
+
+    def _sacct(self, ids: str) -> dict[str, _Record]:
+        stdout = self.check([*UTC_ENV, "sacct", "-X", "-P", "-n", "-j", ids, "-o", SACCT_FIELDS])
+        records = {}
+        for job_id, state, code, start, end, nodes, reason in _split(stdout, 7):
+            records[job_id] = _Record(state, reason, nodes, start, end, sacct_exit_code(code))
+        return records
+
+    def cancel(self, backend_id: str) -> None:
+        result = self.run(["scancel", check_job_id(backend_id)])
+        finished = ("already completing or completed", "Invalid job id specified")
+        if result.rc != 0 and not any(text in result.stderr for text in finished):
+            raise ssh.failure(result)
+
+    def log_tail(self, job: JobRef, *, lines: int, max_bytes: int) -> LogTail:
+        path = f"{self._job_dir(job.account)}/{check_token(job.token)}.out"
+        with ssh.sftp_session(self.config, self.connect_timeout_s, self.command_timeout_s) as sftp:
+            try:
+                size = sftp.stat(path).st_size or 0
+                start = max(0, size - max(max_bytes, 0))
+                with sftp.open(path, "rb") as handle:
+                    handle.seek(start)
+                    data = handle.read(size - start) if size > start else b""
+            except FileNotFoundError:
+                return LogTail(lines=[], truncated=False)
+        text = data.decode(errors="replace").splitlines()
+        if start > 0 and len(text) > 1:
+            text = text[1:]  # the first line was cut by the byte limit
+        keep = text[-lines:] if lines > 0 else []
+        return LogTail(lines=keep, truncated=start > 0 or len(keep) < len(text))
+
+    # ----------------------------------------------------------------- cluster --
+    def inventory(self) -> list[PartitionInfo]:
+        """One line per (partition, node) from sinfo. A partition named after one of its
+        nodes' GPU types offers that type; otherwise one entry per type its nodes have."""
+        fields = "PartitionName:|,NodeList:|,Gres:|,GresUsed:|,Time:|,StateLong:|"
+        stdout = self.check(["sinfo", "-h", "-N", "-O", fields])
+        partitions: dict[str, dict[str, PartitionInfo]] = {}
+        for partition, _node, gres, used, limit, state, *_rest in _split(stdout, 7):
+            usable = state.rstrip("*~#!%$@^-+").lower() in USABLE_NODE_STATES
+            used_counts = gpu_gres(used)
+            by_type = partitions.setdefault(partition, {})
+            for gpu_type, total in gpu_gres(gres).items():
+                free = max(total - used_counts.get(gpu_type, 0), 0) if usable else 0
+                info = by_type.get(gpu_type) or PartitionInfo(partition, gpu_type, 0, 0, 0, minutes(limit))
+                by_type[gpu_type] = replace(
+                    info,
+                    gpus_per_node=max(info.gpus_per_node, total),
+                    nodes=info.nodes + 1,
+                    gpus_free=info.gpus_free + free,
+                )
+        result = []
+        for partition, by_type in partitions.items():
+            result += [by_type[partition]] if partition in by_type else list(by_type.values())
+        return result
+
+    def apply_tenant(self, limits: TenantLimits) -> None:
+        accounts.apply_tenant(self, limits)
+
+    def health(self) -> Health:
+        try:
+            result = self.run(["scontrol", "ping"], timeout_s=min(self.command_timeout_s, 10))
+        except BackendError as exc:  # BackendUnavailable included
+            return Health(False, str(exc))
+        except Exception as exc:  # health() never raises: it is what tells admins what broke
+            return Health(False, f"{type(exc).__name__}: {exc}")
+        answer = " ".join(result.stdout.split()) or result.message
+        return Health(result.rc == 0 and "is UP" in answer, answer[:200])
+
+
+def _split(stdout: str, fields: int) -> list[list[str]]:
+    """Lines of "|"-separated fields; the last field takes any further "|"."""
+    rows = []
+    for line in stdout.splitlines():
+        if line.strip():
+            row = line.split("|", fields - 1)
+            rows.append(row + [""] * (fields - len(row)))
+    return rows
+
+
+def _merge(job_id: str, live: _Record | None, accounted: _Record | None) -> JobStatus | None:
+    """slurmctld leads and slurmdbd follows: squeue's word wins while it knows the job, and
+    sacct fills in what squeue lacks. sacct alone once slurmctld has forgotten the job."""
+    if live is None and accounted is None:
+        return None
+    if live is None or (accounted is not None and _ended(live) and _ended(accounted)):
+        record, reason = accounted, (live or accounted).reason  # type: ignore[union-attr]
+    else:
+        record, reason = live, live.reason
+    assert record is not None
+    raw_state = record.raw_state.strip()
+    started = slurm_time(record.start)
+    state = portal_state(raw_state, started is not None)
+    running = state not in (base.PENDING,)
+    ended = state in base.END_STATES
+    return JobStatus(
+        backend_id=job_id,
+        state=state,
+        raw_state=raw_state,
+        reason="" if reason.strip() in NO_VALUE else reason.strip(),
+        exit_code=record.exit_code if ended else None,
+        started_at=started if running else None,  # squeue's start of a pending job is a guess
+        finished_at=slurm_time(record.end) if ended else None,
+        node_list="" if record.node_list.strip() in NO_VALUE else record.node_list.strip(),
+    )
+
+
+def _ended(record: _Record) -> bool:
+    words = record.raw_state.split()
+    return bool(words) and words[0].rstrip("+") in SLURM_END_STATES

@@ -1,0 +1,93 @@
+"""End to end on the local cluster: the API, a real Celery worker on Redis, real processes."""
+
+import time
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+
+from clusters.models import Cluster, Partition
+from jobs.models import Job
+from jobs.tasks import poll_cluster
+from tenants.models import QuotaGrant
+
+TODAY = timezone.localdate()
+
+
+@pytest.fixture
+def local_partition(catalog):
+    cluster = Cluster.objects.create(slug="local", name="Local", kind="local", local_gpus=4, healthy=True)
+    return Partition.objects.create(
+        cluster=cluster, name="local", gpu_model=catalog[1], gpus_per_node=4, nodes=1, max_walltime_minutes=60,
+        max_cpus_per_gpu=1, max_mem_per_gpu_mb=1000,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def grant(tenant, catalog):
+    return QuotaGrant.objects.create(
+        tenant=tenant, scenario=catalog[0], gpu_model=catalog[1], gpus=4, gpu_hours=Decimal(100),
+        starts_on=TODAY, ends_on=TODAY + timedelta(days=30),
+    )  # fmt: skip
+
+
+def follow(client, job_id: str, cluster_id: int, until: set[str], timeout_s: float = 60) -> dict:
+    """Poll through the worker, as beat would, until the job reaches one of `until`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        poll_cluster.delay(cluster_id=cluster_id).get(timeout=30)
+        job = client.get(f"/api/v1/jobs/{job_id}/").json()
+        if job["state"] in until:
+            return job
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} still {job['state']} after {timeout_s}s")
+
+
+def submit(client, **overrides) -> dict:
+    body = {
+        "tenant": "protein-lab", "scenario": "ai-training", "gpu_model": "h100-80gb", "gpus": 2,
+        "walltime_minutes": 5, "name": "hello", "script": "#!/bin/bash\necho gpus=$CUDA_VISIBLE_DEVICES\nsleep 1\n",
+    } | overrides  # fmt: skip
+    response = client.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def test_a_job_runs_to_completion_and_its_gpu_hours_are_charged(
+    celery_worker, client_for, member, local_partition, grant
+):
+    client = client_for(member)
+    job = submit(client)
+    done = follow(client, job["id"], local_partition.cluster_id, {"COMPLETED", "FAILED"})
+    assert done["state"] == "COMPLETED" and done["exit_code"] == 0
+    assert done["backend_id"].startswith("local-")
+    assert done["gpu_hours"] > 0
+    log = client.get(f"/api/v1/jobs/{job['id']}/log/?tail=10").json()
+    assert log["lines"][0] in ("gpus=0,1", "gpus=2,3")
+    states = [e["to_state"] for e in client.get(f"/api/v1/jobs/{job['id']}/events/").json()]
+    assert states[:3] == ["QUEUED", "SUBMITTING", "PENDING"] and states[-1] == "COMPLETED"
+    grant.refresh_from_db()
+    stored = Job.objects.get(pk=job["id"])
+    assert abs(grant.gpu_hours_used - stored.gpu_hours) < Decimal("0.01")  # the ledger keeps 2 decimals
+    assert (grant.gpu_hours_reserved, grant.gpus_in_use) == (0, 0)
+
+
+def test_a_failing_script_ends_failed_with_its_exit_code(
+    celery_worker, client_for, member, local_partition, grant
+):
+    client = client_for(member)
+    job = submit(client, script="#!/bin/bash\nexit 3\n")
+    done = follow(client, job["id"], local_partition.cluster_id, {"COMPLETED", "FAILED"})
+    assert (done["state"], done["exit_code"]) == ("FAILED", 3)
+
+
+def test_cancel_a_running_job(celery_worker, client_for, member, local_partition, grant):
+    client = client_for(member)
+    job = submit(client, script="#!/bin/bash\nsleep 120\n")
+    follow(client, job["id"], local_partition.cluster_id, {"RUNNING"})
+    assert client.post(f"/api/v1/jobs/{job['id']}/cancel/").json()["state"] == "CANCELLING"
+    done = follow(client, job["id"], local_partition.cluster_id, {"CANCELLED"}, timeout_s=30)
+    assert done["finished_at"] is not None
+    grant.refresh_from_db()
+    assert grant.gpus_in_use == 0
