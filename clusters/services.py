@@ -4,8 +4,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from clusters.backends import backend_for
-from clusters.backends.base import Backend, ClusterConfig
-from clusters.models import Cluster
+from clusters.backends.base import Backend, BackendUnavailable, ClusterConfig
+from clusters.models import Cluster, Partition
 
 
 def cluster_config(cluster: Cluster) -> ClusterConfig:
@@ -35,9 +35,26 @@ def backend_of(cluster: Cluster) -> Backend:
 
 
 def cluster_mark_health(*, cluster: Cluster, healthy: bool, detail: str) -> None:
-    """Record what the last contact with the cluster showed. A conditional update: the flag
-    flips once, not on every poll."""
+    """Record what the last contact with the cluster showed."""
     Cluster.objects.filter(pk=cluster.pk).update(
         healthy=healthy, health_detail=detail[:500], health_checked_at=timezone.now()
     )
     cluster.healthy, cluster.health_detail = healthy, detail[:500]
+
+
+def cluster_sync(*, cluster: Cluster) -> bool:
+    """Ask the cluster how it is and what is free; record both. Returns whether it is healthy."""
+    backend = backend_of(cluster)
+    health = backend.health()
+    cluster_mark_health(cluster=cluster, healthy=health.healthy, detail=health.detail)
+    if not health.healthy:
+        return False
+    try:
+        partitions = {info.name: info for info in backend.inventory()}
+    except BackendUnavailable as exc:
+        cluster_mark_health(cluster=cluster, healthy=False, detail=str(exc))
+        return False
+    for partition in cluster.partitions.all():
+        info = partitions.get(partition.name)
+        Partition.objects.filter(pk=partition.pk).update(gpus_free=info.gpus_free if info else None)
+    return True

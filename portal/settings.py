@@ -208,6 +208,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(JOB_POLL_INTERVAL_S),
         "options": {"expires": JOB_POLL_INTERVAL_S - 1},
     },
+    "sync-clusters": {"task": "clusters.tasks.sync_clusters", "schedule": 60.0, "options": {"expires": 55}},
     "sweep-jobs": {"task": "jobs.tasks.sweep_jobs", "schedule": 60.0, "options": {"expires": 55}},
     "apply-tenants": {"task": "jobs.tasks.apply_tenants", "schedule": 3600.0, "options": {"expires": 3000}},
     "remind-grants-ending": {
