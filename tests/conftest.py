@@ -171,48 +171,39 @@ def database_url_of_test_db() -> str:
     return f"postgres://{settings_dict['USER']}@{host}:{port}/{settings_dict['NAME']}"
 
 
-@pytest.fixture
-def celery_worker(transactional_db, tmp_path) -> Iterator[subprocess.Popen]:
+def start_celery_worker(log_path: Path) -> subprocess.Popen:
     """A real Celery worker process on the machine's Redis, sharing the test database."""
     from django.conf import settings
 
     from portal.celery import app
 
-    app.control.purge()
     env = os.environ | {
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "DATABASE_URL": database_url_of_test_db(),
         "REDIS_URL": settings.REDIS_URL,
     }
-    log = open(tmp_path / "worker.log", "w")  # noqa: SIM115  (closed below)
+    hostname = f"test-{os.getpid()}-{time.monotonic_ns()}"
+    log = open(log_path, "w")  # noqa: SIM115  (the child keeps it; closed when it ends)
     proc = subprocess.Popen(
-        [
-            str(VENV_BIN / "celery"),
-            "-A",
-            "portal",
-            "worker",
-            "--pool",
-            "solo",
-            "--loglevel",
-            "INFO",
-            "--hostname",
-            f"test-{os.getpid()}@%h",
-            "--without-gossip",
-            "--without-mingle",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+        [str(VENV_BIN / "celery"), "-A", "portal", "worker", "--pool", "solo", "--loglevel", "INFO",
+         "--hostname", f"{hostname}@%h", "--without-gossip", "--without-mingle"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    log.close()
     deadline = time.monotonic() + 30
-    while not app.control.ping(destination=[f"test-{os.getpid()}@{socket.gethostname()}"], timeout=0.5):
+    while not app.control.ping(destination=[f"{hostname}@{socket.gethostname()}"], timeout=0.5):
         if proc.poll() is not None or time.monotonic() > deadline:
             stop(proc)
-            log.close()
-            raise RuntimeError(
-                f"Celery worker did not start:\n{(tmp_path / 'worker.log').read_text()[-3000:]}"
-            )
+            raise RuntimeError(f"Celery worker did not start:\n{log_path.read_text()[-3000:]}")
+    return proc
+
+
+@pytest.fixture
+def celery_worker(transactional_db, tmp_path) -> Iterator[subprocess.Popen]:
+    """A real Celery worker on an empty queue, for the length of the test."""
+    from portal.celery import app
+
+    app.control.purge()
+    proc = start_celery_worker(tmp_path / "worker.log")
     yield proc
     stop(proc)
-    log.close()
