@@ -515,7 +515,11 @@ def jobs_sweep() -> int:
 
 def tenant_limits(*, tenant: Tenant, cluster: Cluster) -> TenantLimits:
     """The tenant's limits on one cluster, from its active grants for the GPU models there:
-    concurrent GPUs per GRES type (GrpTRES) and the GPU-minutes left (GrpTRESMins)."""
+    concurrent GPUs per GRES type (GrpTRES) and the GPU-minutes granted (GrpTRESMins).
+
+    Granted, not remaining: Slurm counts the account's usage itself (and lets it decay), so a
+    limit of the remaining minutes would count every finished job twice and hold back jobs the
+    portal's own ledger has admitted. The ledger is the exact limit; Slurm's is the backstop."""
     today = timezone.localdate()
     models_here = set(cluster.partitions.values_list("gpu_model_id", flat=True))
     gpus_by_type: dict[str, int] = {}
@@ -529,7 +533,7 @@ def tenant_limits(*, tenant: Tenant, cluster: Cluster) -> TenantLimits:
                 gpu_type = grant.gpu_model.slurm_gres
                 gpus_by_type[gpu_type] = gpus_by_type.get(gpu_type, 0) + grant.gpus
                 k8s[grant.gpu_model.k8s_resource] = k8s.get(grant.gpu_model.k8s_resource, 0) + grant.gpus
-                minutes += (grant.gpu_hours - grant.gpu_hours_used) * 60
+                minutes += grant.gpu_hours * 60
     return TenantLimits(
         account=tenant.slug,
         qos=f"portal-{tenant.tier}",

@@ -114,8 +114,9 @@ class QuotaGrant(models.Model):
     starts_on = models.DateField()
     ends_on = models.DateField()
     gpus_in_use = models.PositiveIntegerField(default=0)
-    gpu_hours_reserved = models.DecimalField(max_digits=12, decimal_places=2, default=Decimal(0))
-    gpu_hours_used = models.DecimalField(max_digits=12, decimal_places=2, default=Decimal(0))
+    # Four decimals: a one-minute job on one GPU is 0.0167 GPU-hours, and many of them add up.
+    gpu_hours_reserved = models.DecimalField(max_digits=14, decimal_places=4, default=Decimal(0))
+    gpu_hours_used = models.DecimalField(max_digits=14, decimal_places=4, default=Decimal(0))
     created = models.DateTimeField(auto_now_add=True)
     # The last reminder mailed before the end (7 or 1 days), so that each goes out once.
     reminded_days_before = models.PositiveSmallIntegerField(null=True, blank=True)

@@ -131,9 +131,9 @@ class QuotaOut(serializers.ModelSerializer):
     scenario = serializers.CharField(source="scenario.slug")
     gpu_model = serializers.CharField(source="gpu_model.slug")
     gpu_hours = serializers.DecimalField(max_digits=12, decimal_places=2, coerce_to_string=False)
-    gpu_hours_used = serializers.DecimalField(max_digits=12, decimal_places=2, coerce_to_string=False)
-    gpu_hours_reserved = serializers.DecimalField(max_digits=12, decimal_places=2, coerce_to_string=False)
-    gpu_hours_remaining = serializers.DecimalField(max_digits=12, decimal_places=2, coerce_to_string=False)
+    gpu_hours_used = serializers.DecimalField(max_digits=14, decimal_places=4, coerce_to_string=False)
+    gpu_hours_reserved = serializers.DecimalField(max_digits=14, decimal_places=4, coerce_to_string=False)
+    gpu_hours_remaining = serializers.DecimalField(max_digits=14, decimal_places=4, coerce_to_string=False)
     active = serializers.BooleanField()
 
     class Meta:

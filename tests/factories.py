@@ -41,10 +41,17 @@ class MembershipFactory(factory.django.DjangoModelFactory):
 
 
 def catalog_pair(scenario_slug: str = "ai-training", gpu_slug: str = "h100-80gb"):
-    """A scenario and a GPU model it lists: the seeded ones when the catalog seed has them."""
+    """A scenario and a GPU model it lists, from the catalog seed (re-seeded when a transactional
+    test elsewhere flushed it)."""
+    import importlib
+
+    from django.apps import apps
     from django.db.models import Max
 
     from clusters.models import GpuModel, Scenario, ScenarioGpu
+
+    if not GpuModel.objects.exists():
+        importlib.import_module("clusters.migrations.0002_seed_catalog").seed(apps, None)
 
     scenario, _ = Scenario.objects.get_or_create(
         slug=scenario_slug,

@@ -131,18 +131,6 @@ def read_assoc(backend: SlurmBackend, account: str) -> list[str]:
     )
 
 
-def sbatch_with_retry(backend: SlurmBackend, spec: JobSpec, timeout: float = 20) -> str:
-    """A new association reaches slurmctld a moment after sacctmgr returns."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return backend.submit(spec)
-        except BackendError as exc:
-            if "Invalid account" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(POLL_S)
-
-
 # ----------------------------------------------------------------- fixtures --
 @pytest.fixture
 def backend() -> SlurmBackend:
@@ -162,23 +150,18 @@ def jobs(backend: SlurmBackend) -> Iterator[list[tuple[str, JobSpec]]]:
 
 @pytest.fixture(scope="module")
 def portal_tiers() -> None:
-    """The tier QOS. Creating a QOS needs a Slurm Administrator and the testbed's portal user is
-    an Operator, so a site admin creates them once; here root does, as testbed.sh does for the
-    rest of the accounting setup. Nothing to do once testbed.sh creates them itself."""
-
-    def sacctmgr(*args: str) -> str:
-        return subprocess.run(
-            ["sacctmgr", *args], capture_output=True, text=True, check=True, timeout=30
-        ).stdout
-
-    existing = dict(
-        line.split("|", 1) for line in sacctmgr("-P", "-n", "show", "qos", "format=Name,Priority").split()
-    )
-    for name, priority in TIERS.items():
-        if name not in existing:
-            sacctmgr("-i", "add", "qos", f"name={name}", f"priority={priority}")
-        elif existing[name] != str(priority):
-            sacctmgr("-i", "modify", "qos", "where", f"name={name}", "set", f"priority={priority}")
+    """The tier QOS. Creating a QOS needs a Slurm Administrator and the portal's user is an
+    Operator, so the site's admin creates them once; on the testbed, testbed.sh does."""
+    testbed_env()
+    shown = subprocess.run(
+        ["sacctmgr", "-P", "-n", "show", "qos", "format=Name,Priority"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
+    existing = dict(line.split("|", 1) for line in shown.split())
+    assert {name: existing.get(name) for name in TIERS} == {name: str(p) for name, p in TIERS.items()}
 
 
 # -------------------------------------------------------------------- tests --
@@ -221,12 +204,19 @@ def test_typed_gpu_job_is_found_polled_to_completion_and_logged(backend, jobs):
     assert len(devices) == 1 and re.fullmatch(r"CUDA_VISIBLE_DEVICES=[4-7]", devices[0]), tail.lines
 
 
-def test_find_after_slurmctld_forgets_uses_the_accounting_submit_line(backend):
-    # an old job of the testbed's smoke test has long left slurmctld (MinJobAge) but not slurmdbd
-    token = uuid.uuid4().hex
-    assert backend.find(token) is None
-    assert [argv[0] for argv in backend.commands] == ["squeue", "sacct"]
-    assert "-S" in backend.commands[1] and "now-7days" in backend.commands[1]
+def test_find_in_accounting_matches_the_submit_line(backend, jobs):
+    # slurmctld forgets an ended job after MinJobAge (5 min here): find() then has only sacct,
+    # whose Comment is empty without AccountingStoreFlags=job_comment. Ask sacct directly.
+    spec = job_spec("true")
+    job_id = backend.submit(spec)
+    jobs.append((job_id, spec))
+    assert wait_until("slurmdbd to record the job", lambda: backend._find_accounted(spec.token)) == [job_id]
+
+    before = len(backend.commands)
+    assert backend.find(uuid.uuid4().hex) is None
+    searched = backend.commands[before:]
+    assert [argv[0] for argv in searched] == ["squeue", "sacct"]
+    assert "now-7days" in searched[1]
 
 
 def test_failing_script_ends_failed_with_its_exit_code(backend, jobs):
@@ -303,7 +293,7 @@ def test_tenant_gpu_limit_holds_the_second_job(backend, portal_tiers):
         ]
 
         spec = job_spec("sleep 60", account=account, qos="portal-normal", partition="a100", gpu_type="a100")
-        first = sbatch_with_retry(backend, replace(spec, gpus_per_node=2))
+        first = backend.submit(replace(spec, gpus_per_node=2))  # usable at once: no retry
         wait_until(f"job {first} to run", lambda: status_of(backend, first).state == base.RUNNING)
         second = backend.submit(replace(spec, token=uuid.uuid4().hex, gpus_per_node=2))
 
@@ -357,6 +347,8 @@ def test_apply_tenant_refuses_bad_names_and_untracked_gpu_types(backend, portal_
     with pytest.raises(BackendError, match="parent account"):
         backend.apply_tenant(TenantLimits("portal", "portal-normal", [], {}, 0))
     assert backend.commands == []
+    with pytest.raises(BackendError, match="QOS 'portal-nosuch' does not exist"):
+        backend.apply_tenant(TenantLimits(f"pt{uuid.uuid4().hex[:10]}", "portal-nosuch", [], {}, 0))
     with pytest.raises(BackendError, match="not tracked"):
         backend.apply_tenant(TenantLimits(f"pt{uuid.uuid4().hex[:10]}", "portal-normal", [], {"mi300": 1}, 0))
     assert not any(argv[2] in ("add", "modify", "delete") for argv in backend.commands)
@@ -379,6 +371,7 @@ def test_injection_in_names_and_environment_is_refused_or_inert(backend, jobs):
     jobs.append((job_id, spec))
     assert wait_for_end(backend, job_id).state == base.COMPLETED
 
+    assert backend.check(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%j"]).rstrip("\n") == spec.name
     tail = backend.log_tail(JobRef(job_id, spec.token, spec.account), lines=50, max_bytes=65536)
     printed = dict(line.split("=", 1) for line in tail.lines)
     assert {name: base64.b64decode(value).decode() for name, value in printed.items()} == env

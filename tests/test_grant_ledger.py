@@ -49,7 +49,7 @@ def test_exhausted_grant_answers_with_the_figures(grant):
     grant_reserve(grant_id=grant.pk, gpu_hours=Decimal(90))
     with pytest.raises(QuotaExhausted) as exc:
         grant_reserve(grant_id=grant.pk, gpu_hours=Decimal(11))
-    assert exc.value.extra["gpu_hours_remaining"] == "10.00"
+    assert exc.value.extra["gpu_hours_remaining"] == "10.0000"
     assert exc.value.extra["gpu_hours_requested"] == "11"
 
 

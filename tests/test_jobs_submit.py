@@ -79,7 +79,7 @@ def test_too_few_hours_is_409_quota_exhausted_with_the_figures(
     assert response.status_code == 409
     problem = response.json()
     assert problem["code"] == "quota_exhausted"
-    assert (problem["gpu_hours_requested"], problem["gpu_hours_remaining"]) == ("2.00", "1.00")
+    assert (problem["gpu_hours_requested"], problem["gpu_hours_remaining"]) == ("2.00", "1.0000")
     assert not Job.objects.exists()
 
 

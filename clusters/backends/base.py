@@ -132,7 +132,7 @@ class TenantLimits:
     qos: str
     users: list[str]  # cluster users that may submit under the account
     gpus_by_type: dict[str, int]  # GRES type → concurrent GPUs (GrpTRES)
-    gpu_minutes: int  # remaining GPU-minutes over all grants (GrpTRESMins)
+    gpu_minutes: int  # GPU-minutes granted by the active grants (GrpTRESMins)
     k8s_resources: dict[str, int] = field(default_factory=dict)  # resource name → GPUs (ResourceQuota)
 
 

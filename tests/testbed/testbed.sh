@@ -296,6 +296,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 GresTypes=gpu
 PriorityType=priority/multifactor
+PriorityWeightQOS=10000
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=$SSH_HOST
 AccountingStoragePort=6819
@@ -404,6 +405,12 @@ start_slurmdbd() {
     if ! sacctmgr_q list user "$PORTAL_USER" format=adminlevel | grep -qix operator; then
         sacctmgr -i modify user "$PORTAL_USER" set adminlevel=operator >/dev/null
     fi
+    # One QOS per tenant tier, rising priority. An operator may not create QOS in Slurm, so the
+    # site's administrator makes them once, as here (README: what a Slurm admin sets up).
+    for q in portal-low:10 portal-normal:100 portal-high:1000 portal-critical:10000; do
+        sacctmgr_q list qos "${q%%:*}" format=name | grep -qx "${q%%:*}" ||
+            sacctmgr -i add qos "${q%%:*}" priority="${q##*:}" >/dev/null
+    done
 }
 
 ctld_ok() { scontrol ping 2>/dev/null | grep -q "is UP"; }

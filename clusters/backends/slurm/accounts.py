@@ -6,6 +6,7 @@ written, so a second run with the same limits writes nothing.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from clusters.backends.base import BackendError, TenantLimits
@@ -14,6 +15,8 @@ from clusters.backends.slurm.parse import check_count, check_name, tres
 
 if TYPE_CHECKING:
     from clusters.backends.slurm.backend import SlurmBackend
+
+logger = logging.getLogger(__name__)
 
 PARENT = "portal"  # every tenant's account sits under this one
 # One QOS per tier; Priority counts only where slurm.conf gives PriorityWeightQOS a weight.
@@ -108,9 +111,11 @@ def apply_tenant(backend: SlurmBackend, limits: TenantLimits) -> None:
 
 def _ensure_tiers(backend: SlurmBackend, qos: str) -> None:
     """The tier QOS with their priorities. Creating or changing a QOS needs a Slurm
-    Administrator; an Operator gets a BackendError that says what to run once instead."""
+    Administrator: an Operator is refused, which stops the tenant only when its own QOS is
+    missing (BackendError saying what an admin runs once); a differing priority is logged."""
     rows = backend.check(["sacctmgr", "-P", "-n", "show", "qos", "format=Name,Priority"])
     existing = dict(row.split("|", 1) for row in rows.splitlines() if "|" in row)
+    refused = []
     for name, priority in TIERS.items():
         if existing.get(name) == str(priority):
             continue
@@ -119,18 +124,19 @@ def _ensure_tiers(backend: SlurmBackend, qos: str) -> None:
         else:
             argv = ["sacctmgr", "-i", "add", "qos", f"name={name}", f"priority={priority}"]
         result = backend.run(argv)
-        if result.rc != 0:
-            error = ssh.failure(result)
-            if "permission denied" in result.message.lower() or "privilege" in result.message.lower():
-                raise type(error)(
-                    f"QOS {name} (Priority={priority}) is missing or differs and {backend.config.ssh_user} "
-                    f"may not change QOS: a Slurm administrator runs once `sacctmgr -i add qos {name} "
-                    f"priority={priority}` ({result.message})"
-                )
-            raise error
-        existing[name] = str(priority)
+        if result.rc == 0:
+            existing[name] = str(priority)
+        elif any(word in result.message.lower() for word in ("permission denied", "privilege")):
+            refused.append(f"sacctmgr -i {' '.join(argv[2:])}")
+        else:
+            raise ssh.failure(result)
     if qos not in existing:
-        raise BackendError(f"QOS {qos!r} does not exist on the cluster")
+        hint = f"; a Slurm administrator runs once: {'; '.join(refused)}" if refused else ""
+        raise BackendError(f"QOS {qos!r} does not exist on the cluster{hint}")
+    if refused:
+        logger.warning(
+            "cluster %s: may not set up the tier QOS; an admin runs: %s", backend.config.slug, refused
+        )
 
 
 def _grp_tres(backend: SlurmBackend, gpus_by_type: dict[str, int]) -> dict[str, int]:

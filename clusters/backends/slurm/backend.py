@@ -144,26 +144,30 @@ class SlurmBackend:
         return job_id
 
     def find(self, token: str) -> str | None:
-        """squeue knows the jobs slurmctld holds (pending, running, ended < MinJobAge ago) and
-        prints their comment. Older ones: sacct, whose Comment stays empty unless slurm.conf has
-        AccountingStoreFlags=job_comment, but whose SubmitLine (stored by 22.05) holds
-        --comment=<token>. None only when both answered and neither knows the token."""
+        """The job submitted with --comment=<token>: None only when squeue and sacct both
+        answered and neither knows it."""
         check_token(token)
-        user = self.config.ssh_user
-        queued = self.check(["squeue", "-h", "-t", "all", "-u", user, "-o", "%i|%k"])
-        ids = [job_id for job_id, comment in _split(queued, 2) if comment == token]
-        if not ids:
-            window = f"now-{check_count(self.find_window_days, 'find window')}days"
-            fields = "JobID,Comment,SubmitLine"
-            accounted = self.check(["sacct", "-X", "-P", "-n", "-u", user, "-S", window, "-o", fields])
-            flag = f"--comment={token}"
-            ids = [
-                job_id
-                for job_id, comment, submit_line in _split(accounted, 3)
-                if comment == token or flag in submit_line.split()
-            ]
-        ids = [job_id for job_id in ids if job_id.isdigit()]
+        ids = self._find_queued(token) or self._find_accounted(token)
         return max(ids, key=int) if ids else None
+
+    def _find_queued(self, token: str) -> list[str]:
+        """slurmctld's jobs (pending, running, ended less than MinJobAge ago), comment included."""
+        stdout = self.check(["squeue", "-h", "-t", "all", "-u", self.config.ssh_user, "-o", "%i|%k"])
+        return [job_id for job_id, comment in _split(stdout, 2) if comment == token and job_id.isdigit()]
+
+    def _find_accounted(self, token: str) -> list[str]:
+        """slurmdbd's jobs of the last find_window_days. Its Comment stays empty unless slurm.conf
+        has AccountingStoreFlags=job_comment, but 22.05 stores the SubmitLine, which holds our
+        --comment=<token> (the script came on stdin, so the line is short)."""
+        window = f"now-{check_count(self.find_window_days, 'find window')}days"
+        argv = ["sacct", "-X", "-P", "-n", "-u", self.config.ssh_user, "-S", window]
+        stdout = self.check([*argv, "-o", "JobID,Comment,SubmitLine"])
+        flag = f"--comment={token}"
+        return [
+            job_id
+            for job_id, comment, submit_line in _split(stdout, 3)
+            if (comment == token or flag in submit_line.split()) and job_id.isdigit()
+        ]
 
     def poll(self, backend_ids: list[str]) -> dict[str, JobStatus]:
         """One squeue and one sacct per POLL_CHUNK ids. squeue has the live state and the
