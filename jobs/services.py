@@ -507,7 +507,27 @@ def jobs_sweep() -> int:
     )
     for partition_id in set(waiting):
         jobs_admit(partition_id=partition_id)
+    for job in Job.objects.filter(stale, state=JobState.CANCELLING, backend_id="").select_related("cluster"):
+        _cancel_unsubmitted(job)
     return len(resend)
+
+
+def _cancel_unsubmitted(job: Job) -> None:
+    """A job cancelled while being submitted, whose dispatcher died: it may or may not have
+    reached the scheduler. Ask by token, and cancel it there or end it here."""
+    backend = backend_of(job.cluster)
+    try:
+        found = backend.find(job.token)
+        if found:
+            Job.objects.filter(pk=job.pk).update(backend_id=found)
+            backend.cancel(found)
+            return
+    except BackendUnavailable:
+        return  # the next sweep asks again
+    reason = "cancelled before it reached the scheduler"
+    job_finish(
+        job_id=job.pk, status=JobStatus(backend_id="", state=JobState.CANCELLED, raw_state="", reason=reason)
+    )
 
 
 # --- The schedulers' view of a tenant

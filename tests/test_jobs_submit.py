@@ -215,3 +215,21 @@ def test_a_job_waiting_for_capacity_is_not_passed_by_a_smaller_one(
     assert small["reason"] == "capacity_wait"
     assert jobs_admit(partition_id=partition.pk) == []
     assert JobEvent.objects.filter(to_state="SUBMITTING").count() == 0
+
+
+def test_sweep_ends_a_job_cancelled_while_its_dispatcher_died(
+    client_for, member, partition, grant, settings, tmp_path
+):
+    """Cancelled during submission, and the dispatcher is gone before sbatch: the sweep asks the
+    scheduler by token, finds nothing, and ends the job here, releasing its quota."""
+    from jobs.services import jobs_sweep
+
+    settings.VAR_DIR = tmp_path
+    client = client_for(member)
+    job_id = client.post("/api/v1/jobs/", body(), format="json").json()["id"]
+    Job.objects.filter(pk=job_id).update(state=JobState.CANCELLING, dispatch_lease_until=timezone.now())
+    jobs_sweep()
+    job = Job.objects.get(pk=job_id)
+    assert (job.state, job.reason, job.backend_id) == ("CANCELLED", "cancelled before it reached the scheduler", "")
+    grant.refresh_from_db()
+    assert (grant.gpu_hours_reserved, grant.gpus_in_use) == (0, 0)
