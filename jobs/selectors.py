@@ -1,7 +1,7 @@
 from datetime import date
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import QuerySet, Sum
+from django.db.models import F, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
 from jobs.models import Job
@@ -16,8 +16,8 @@ def jobs_visible_to(*, user: AbstractBaseUser) -> QuerySet[Job]:
 
 USAGE_KEYS = {
     "day": TruncDate("finished_at"),
-    "user": "submitted_by__username",
-    "gpu_model": "gpu_model__slug",
+    "user": F("submitted_by__username"),
+    "gpu_model": F("gpu_model__slug"),
 }
 
 

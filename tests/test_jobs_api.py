@@ -1,0 +1,128 @@
+"""GET /api/v1/jobs/ (filters, query counts), /templates/, /usage/, /jobs/{id}/log/ parameters."""
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from clusters.models import Cluster, Partition
+from jobs.models import Job, JobState
+from tenants.models import QuotaGrant, Role
+from tests.conftest import join
+
+pytestmark = pytest.mark.django_db
+
+NOW = timezone.now()
+
+
+@pytest.fixture
+def make_job(tenant, catalog):
+    scenario, gpu_model = catalog
+    cluster = Cluster.objects.create(slug="local", name="Local", kind="local", local_gpus=8)
+    partition = Partition.objects.create(
+        cluster=cluster, name="local", gpu_model=gpu_model, gpus_per_node=8, nodes=1, max_walltime_minutes=600
+    )
+    grant = QuotaGrant.objects.create(
+        tenant=tenant, scenario=scenario, gpu_model=gpu_model, gpus=8, gpu_hours=Decimal(1000),
+        starts_on=NOW.date(), ends_on=NOW.date() + timedelta(days=9),
+    )  # fmt: skip
+
+    def make(user, **fields) -> Job:
+        return Job.objects.create(
+            tenant=tenant, submitted_by=user, name="j", scenario=scenario, gpu_model=gpu_model, grant=grant,
+            cluster=cluster, partition=partition, gpus=1, walltime_minutes=10, cpus_per_gpu=1, mem_per_gpu_mb=100,
+            script="#!/bin/bash\n", reserved_gpu_hours=Decimal("0.17"), **fields,
+        )  # fmt: skip
+
+    return make
+
+
+def test_job_list_costs_the_same_queries_at_1_and_20_rows(client_for, member, make_job):
+    client = client_for(member)
+    client.get("/api/v1/me/")
+    make_job(member)
+    with CaptureQueriesContext(connection) as one:
+        assert len(client.get("/api/v1/jobs/").json()["results"]) == 1
+    for _ in range(19):
+        make_job(member)
+    with CaptureQueriesContext(connection) as twenty:
+        assert len(client.get("/api/v1/jobs/").json()["results"]) == 20
+    assert len(one) == len(twenty) <= 5
+
+
+def test_job_filters(client_for, member, manager, make_job):
+    make_job(member, state=JobState.RUNNING)
+    make_job(member, state=JobState.COMPLETED)
+    make_job(manager, state=JobState.FAILED)
+    client = client_for(member)
+
+    def names(query: str) -> list[tuple[str, str]]:
+        return sorted(
+            (j["state"], j["submitted_by"]) for j in client.get(f"/api/v1/jobs/?{query}").json()["results"]
+        )
+
+    assert names("state=RUNNING&state=FAILED") == [("FAILED", "manager"), ("RUNNING", "member")]
+    assert names("submitted_by=manager") == [("FAILED", "manager")]
+    assert names("tenant=protein-lab&scenario=ai-training&cluster=local") == names("")
+    assert len(names("")) == 3
+    after = (NOW + timedelta(hours=1)).isoformat().replace("+00:00", "Z")
+    assert names(f"created_after={after}") == []
+    bad = client.get("/api/v1/jobs/?state=DONE")
+    assert bad.status_code == 400 and "state" in bad.json()["errors"]
+
+
+def test_usage_by_day_user_and_gpu_model(client_for, member, manager, make_job, tenant):
+    yesterday = NOW - timedelta(days=1)
+    make_job(member, state=JobState.COMPLETED, finished_at=yesterday, gpu_hours=Decimal("1.5"))
+    make_job(member, state=JobState.COMPLETED, finished_at=NOW, gpu_hours=Decimal(2))
+    make_job(manager, state=JobState.FAILED, finished_at=NOW, gpu_hours=Decimal("0.5"))
+    make_job(member, state=JobState.RUNNING)
+    client = client_for(member)
+    by_user = client.get("/api/v1/usage/?tenant=protein-lab&group_by=user").json()["results"]
+    assert by_user == [{"key": "manager", "gpu_hours": 0.5}, {"key": "member", "gpu_hours": 3.5}]
+    by_day = client.get("/api/v1/usage/?group_by=day").json()["results"]
+    assert by_day == [
+        {"key": str(yesterday.date()), "gpu_hours": 1.5},
+        {"key": str(NOW.date()), "gpu_hours": 2.5},
+    ]
+    by_model = client.get(f"/api/v1/usage/?group_by=gpu_model&from={NOW.date()}").json()["results"]
+    assert by_model == [{"key": "h100-80gb", "gpu_hours": 2.5}]
+    reversed_range = client.get(f"/api/v1/usage/?from={NOW.date()}&to={yesterday.date()}")
+    assert reversed_range.status_code == 400 and "from" in reversed_range.json()["errors"]
+    assert client.get("/api/v1/usage/?group_by=week").status_code == 400
+
+
+def test_usage_of_another_tenant_is_empty(client_for, outsider, make_job, member):
+    make_job(member, state=JobState.COMPLETED, finished_at=NOW, gpu_hours=Decimal(2))
+    assert client_for(outsider).get("/api/v1/usage/?tenant=protein-lab").json()["results"] == []
+
+
+def test_templates_publish_their_parameter_schemas(client_for, member):
+    body = client_for(member).get("/api/v1/templates/?scenario=ai-training").json()
+    slugs = {t["slug"] for t in body["results"]}
+    assert {"torchrun", "horovod"} <= slugs
+    assert all(t["scenario"] == "ai-training" for t in body["results"])
+    torchrun = next(t for t in body["results"] if t["slug"] == "torchrun")
+    assert torchrun["parameters_schema"]["type"] == "object"
+    assert "script" in torchrun["parameters_schema"]["properties"]
+    everything = client_for(member).get("/api/v1/templates/").json()["results"]
+    assert {"gromacs", "lammps", "openfoam"} <= {t["slug"] for t in everything}
+
+
+@pytest.mark.parametrize("tail", ["0", "5001", "many"])
+def test_log_tail_is_bounded(client_for, member, make_job, tail):
+    job = make_job(member)
+    response = client_for(member).get(f"/api/v1/jobs/{job.pk}/log/?tail={tail}")
+    assert response.status_code == 400 and "tail" in response.json()["errors"]
+
+
+def test_a_viewer_reads_jobs_but_cannot_cancel(client_for, tenant, member, make_job):
+    viewer = join(tenant, "viewer2", Role.VIEWER)
+    job = make_job(member)
+    client = client_for(viewer)
+    assert client.get(f"/api/v1/jobs/{job.pk}/").status_code == 200
+    assert client.get(f"/api/v1/jobs/{job.pk}/log/").json() == {"lines": [], "truncated": False}
+    assert client.post(f"/api/v1/jobs/{job.pk}/cancel/").status_code == 403
