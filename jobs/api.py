@@ -1,6 +1,5 @@
 """Jobs, their events and logs, templates and usage (API.md, Jobs)."""
 
-from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
@@ -9,13 +8,11 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from clusters.backends.base import BackendUnavailable, JobRef
-from clusters.services import backend_of
 from jobs import services
 from jobs.filters import JobFilter
 from jobs.job_templates import TEMPLATES
 from jobs.models import Job
-from jobs.selectors import jobs_visible_to, usage_of
+from jobs.selectors import job_is_own_or_managed, jobs_visible_to, usage_of
 from jobs.serializers import (
     JobDetailOut,
     JobEventOut,
@@ -28,23 +25,29 @@ from jobs.serializers import (
     UsageIn,
     UsageOut,
 )
-from portal.core.errors import Forbidden, Unavailable
+from portal.core.errors import Forbidden
+from portal.core.parsing import parsed
 from tenants import roles
-from tenants.api import parsed, require
-from tenants.selectors import tenant_perms
+from tenants.permissions import require
 
 IDEMPOTENCY_KEY_MAX = 128
 
 
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     queryset = Job.objects.none()
+    serializer_class = JobOut
     filterset_class = JobFilter
 
     def get_queryset(self):
         return jobs_visible_to(user=self.request.user)
 
-    def get_serializer_class(self):
-        return JobDetailOut if self.action == "retrieve" else JobOut
+    @extend_schema(responses=JobDetailOut)
+    def retrieve(self, request, pk=None):
+        """The job; its script and environment only for its submitter, owners and managers, since
+        an environment often carries a credential the tenant's viewers should not read."""
+        job = self.get_object()
+        detailed = job_is_own_or_managed(user=request.user, job=job)
+        return Response((JobDetailOut if detailed else JobOut)(job).data)
 
     @extend_schema(
         request=JobIn,
@@ -71,9 +74,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         job = self.get_object()
-        perms = tenant_perms(user=request.user, tenant=job.tenant)
-        own = job.submitted_by_id == request.user.id and roles.SUBMIT_JOB in perms
-        if not own and roles.CANCEL_ANY_JOB not in perms:
+        if not job_is_own_or_managed(user=request.user, job=job):
             raise Forbidden("Your role allows cancelling only your own jobs.")
         services.job_cancel(actor=request.user, job=job)
         return Response(JobOut(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_202_ACCEPTED)
@@ -91,16 +92,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         job = self.get_object()
         query = LogIn(data=request.query_params)
         query.is_valid(raise_exception=True)
-        if not job.backend_id:
-            return Response({"lines": [], "truncated": False})
-        try:
-            tail = backend_of(job.cluster).log_tail(
-                JobRef(backend_id=job.backend_id, token=job.token, account=job.tenant.slug),
-                lines=query.validated_data["tail"],
-                max_bytes=settings.JOB_LOG_MAX_BYTES,
-            )
-        except BackendUnavailable:
-            raise Unavailable(f"Cluster {job.cluster.slug} does not answer; try again shortly.") from None
+        tail = services.job_log_tail(job=job, lines=query.validated_data["tail"])
         return Response(LogOut({"lines": tail.lines, "truncated": tail.truncated}).data)
 
 

@@ -5,13 +5,21 @@ from django.db.models import F, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
 from jobs.models import Job
-from tenants.selectors import tenant_ids_visible_to
+from tenants import roles
+from tenants.selectors import tenant_ids_visible_to, tenant_perms
 
 
 def jobs_visible_to(*, user: AbstractBaseUser) -> QuerySet[Job]:
     return Job.objects.filter(tenant_id__in=tenant_ids_visible_to(user=user)).select_related(
         "tenant", "scenario", "gpu_model", "cluster", "partition", "submitted_by"
     )
+
+
+def job_is_own_or_managed(*, user: AbstractBaseUser, job: Job) -> bool:
+    """May the user act on this job as more than a reader: cancel it, see its script and env?
+    Its submitter (while still allowed to submit), the tenant's owners and managers, admins."""
+    perms = tenant_perms(user=user, tenant=job.tenant)
+    return roles.CANCEL_ANY_JOB in perms or (job.submitted_by_id == user.pk and roles.SUBMIT_JOB in perms)
 
 
 USAGE_KEYS = {

@@ -28,7 +28,9 @@ class JobIn(serializers.Serializer):
     nodes = serializers.IntegerField(min_value=1, max_value=MAX_NODES, default=1)
     walltime_minutes = serializers.IntegerField(min_value=1, max_value=365 * 24 * 60)
     name = serializers.CharField(max_length=64, validators=[job_name_validator])
-    priority = serializers.ChoiceField(choices=Priority.choices, default=Priority.NORMAL)
+    priority = serializers.ChoiceField(
+        choices=Priority.choices, default="", help_text="Default: normal, or the tenant's tier cap if lower."
+    )
     env = serializers.DictField(
         child=StrictCharField(max_length=4096, allow_blank=True, trim_whitespace=False), default=dict
     )
@@ -130,6 +132,9 @@ class UsageIn(serializers.Serializer):
         }
 
     def validate(self, data):
+        for name in ("from", "to"):
+            if data[name] is not None and not 2000 <= data[name].year <= 2999:
+                raise serializers.ValidationError({name: ["A date between 2000 and 2999."]})
         data["to"] = data["to"] or timezone.localdate()
         data["from"] = data["from"] or data["to"] - timedelta(days=29)
         if data["from"] > data["to"]:

@@ -18,14 +18,22 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from clusters.backends.base import BackendError, BackendUnavailable, JobSpec, JobStatus, TenantLimits
+from clusters.backends.base import (
+    BackendError,
+    BackendUnavailable,
+    JobRef,
+    JobSpec,
+    JobStatus,
+    LogTail,
+    TenantLimits,
+)
 from clusters.models import Cluster, GpuModel, Partition, Scenario
 from clusters.services import backend_of, cluster_mark_health
 from jobs import admission
 from jobs.job_templates import TemplateInvalid, render_template
 from jobs.models import Job, JobEvent, JobState, Priority
 from jobs.states import ACTIVE_IN_SCHEDULER, END_STATES, check_move
-from portal.core.errors import Conflict, Invalid
+from portal.core.errors import Conflict, Invalid, Unavailable
 from portal.core.services import audit_record
 from tenants.errors import NoQuota, QuotaExhausted, TenantSuspended
 from tenants.models import QuotaGrant, Tenant, TenantState, Tier
@@ -61,7 +69,7 @@ class JobRequest:
     walltime_minutes: int
     name: str
     nodes: int = 1
-    priority: str = Priority.NORMAL
+    priority: str = ""  # "": normal, or the tenant's tier cap if that is lower
     env: dict[str, str] = field(default_factory=dict)
     script: str = ""
     template: str = ""
@@ -76,8 +84,12 @@ def request_digest(body: dict) -> str:
 
 
 def _send(task: str, **kwargs) -> None:
-    # By name: tasks import services, so services must not import tasks.
-    transaction.on_commit(lambda: current_app.send_task(task, kwargs=kwargs))
+    """Enqueue after commit. By name: tasks import services, so services must not import tasks."""
+    transaction.on_commit(lambda: _send_now(task, **kwargs))
+
+
+def _send_now(task: str, **kwargs) -> None:
+    current_app.send_task(task, kwargs=kwargs)
 
 
 def _move(job: Job, to_state: str, *, reason: str = "", raw_state: str = "") -> None:
@@ -97,9 +109,9 @@ def _check_env(env: dict) -> dict[str, str]:
     if len(env) > MAX_ENV:
         errors.append(f"At most {MAX_ENV} variables.")
     for name, value in env.items():
-        if not ENV_NAME.match(name):
+        if not ENV_NAME.fullmatch(name):
             errors.append(f"{name!r} is not a valid variable name.")
-        elif RESERVED_ENV.match(name):
+        elif RESERVED_ENV.fullmatch(name):
             errors.append(f"{name} is set by the portal or the scheduler.")
         if not isinstance(value, str) or "\x00" in value or len(value) > 4096:
             errors.append(f"The value of {name!r} must be a string of at most 4096 characters.")
@@ -137,10 +149,18 @@ def _check_shape(request: JobRequest, partition: Partition) -> None:
     if request.walltime_minutes > cap:
         errors["walltime_minutes"] = f"At most {cap} minutes on {partition}."
     tier_cap = MAX_PRIORITY[request.tenant.tier]
-    if PRIORITY_ORDER.index(request.priority) > PRIORITY_ORDER.index(tier_cap):
+    if request.priority and PRIORITY_ORDER.index(request.priority) > PRIORITY_ORDER.index(tier_cap):
         errors["priority"] = f"A {request.tenant.tier}-tier tenant's jobs go up to {tier_cap}."
     if errors:
         raise Invalid(errors)
+
+
+def _priority(request: JobRequest) -> str:
+    """The priority asked for, or normal capped by the tenant's tier when none was."""
+    if request.priority:
+        return request.priority
+    cap = MAX_PRIORITY[request.tenant.tier]
+    return min(Priority.NORMAL, cap, key=PRIORITY_ORDER.index)
 
 
 def _script(request: JobRequest, partition: Partition) -> str:
@@ -165,22 +185,28 @@ def _script(request: JobRequest, partition: Partition) -> str:
 
 
 def _reserve(request: JobRequest, hours: Decimal) -> QuotaGrant:
-    """Reserve on the matching active grant that ends first and still has the hours."""
+    """Reserve on the matching active grant that ends first and still has the hours. Grants
+    whose concurrent limit is below the job's GPUs are no match: the job would wait forever."""
     today = timezone.localdate()
-    grants = list(
-        QuotaGrant.objects.filter(
-            tenant=request.tenant,
-            scenario=request.scenario,
-            gpu_model=request.gpu_model,
-            starts_on__lte=today,
-            ends_on__gte=today,
-        ).order_by("ends_on", "id")
+    matching = QuotaGrant.objects.filter(
+        tenant=request.tenant,
+        scenario=request.scenario,
+        gpu_model=request.gpu_model,
+        starts_on__lte=today,
+        ends_on__gte=today,
     )
-    if not grants:
+    if not matching.exists():
         raise NoQuota(
             f"{request.tenant.slug} has no active grant for {request.scenario.slug} "
             f"on {request.gpu_model.slug}.",
             extra={"gpu_hours_requested": str(hours)},
+        )
+    grants = list(matching.filter(gpus__gte=request.gpus).order_by("ends_on", "id"))
+    if not grants:
+        largest = max(matching.values_list("gpus", flat=True))
+        raise QuotaExhausted(
+            f"{request.gpus} GPUs asked; the tenant's grants allow at most {largest} at once.",
+            extra={"gpus_requested": request.gpus, "gpus_granted": largest},
         )
     for grant in grants:
         try:
@@ -190,19 +216,34 @@ def _reserve(request: JobRequest, hours: Decimal) -> QuotaGrant:
     raise exhausted
 
 
-@transaction.atomic
+def _earlier(user: AbstractBaseUser, idempotency_key: str, digest: str) -> Job | None:
+    earlier = Job.objects.filter(submitted_by=user, idempotency_key=idempotency_key).first()
+    if earlier is not None and earlier.request_digest != digest:
+        raise Conflict("This Idempotency-Key was used with a different request.")
+    return earlier
+
+
 def job_submit(
     *, user: AbstractBaseUser, request: JobRequest, idempotency_key: str = "", digest: str = ""
 ) -> tuple[Job, bool]:
     """A QUEUED job with GPUs × walltime reserved on the tenant's grant, admitted at once when
     its GPUs are free (dispatch follows on commit) or left waiting with reason quota_wait or
     capacity_wait. Returns (job, created): a repeated Idempotency-Key returns the first job."""
-    if idempotency_key:
-        earlier = Job.objects.filter(submitted_by=user, idempotency_key=idempotency_key).first()
-        if earlier is not None:
-            if earlier.request_digest != digest:
-                raise Conflict("This Idempotency-Key was used with a different request.")
-            return earlier, False
+    if idempotency_key and (earlier := _earlier(user, idempotency_key, digest)):
+        return earlier, False
+    try:
+        return _submit(user=user, request=request, idempotency_key=idempotency_key, digest=digest), True
+    except IntegrityError:
+        # The same key from the same user at the same instant: the other request won, and this
+        # one's transaction (its reservation included) rolled back whole.
+        earlier = _earlier(user, idempotency_key, digest) if idempotency_key else None
+        if earlier is None:
+            raise
+        return earlier, False
+
+
+@transaction.atomic
+def _submit(*, user: AbstractBaseUser, request: JobRequest, idempotency_key: str, digest: str) -> Job:
     if request.tenant.state != TenantState.ACTIVE:
         raise TenantSuspended(f"Tenant {request.tenant.slug} is suspended: it can read but not submit.")
     _check_env(request.env)
@@ -215,38 +256,29 @@ def job_submit(
     grant = _reserve(request, hours)
     cpus = min(request.scenario.cpus_per_gpu, partition.max_cpus_per_gpu or math.inf)
     mem = min(request.scenario.mem_per_gpu_mb, partition.max_mem_per_gpu_mb or math.inf)
-    try:
-        with transaction.atomic():
-            job = Job.objects.create(
-                tenant=request.tenant,
-                submitted_by=user,
-                name=request.name,
-                scenario=request.scenario,
-                gpu_model=request.gpu_model,
-                grant=grant,
-                cluster=partition.cluster,
-                partition=partition,
-                gpus=request.gpus,
-                nodes=request.nodes,
-                walltime_minutes=request.walltime_minutes,
-                priority=request.priority,
-                cpus_per_gpu=cpus,
-                mem_per_gpu_mb=mem,
-                env={**request.scenario.env, **request.env},
-                script=script,
-                template=request.template,
-                parameters=request.parameters,
-                reserved_gpu_hours=hours,
-                idempotency_key=idempotency_key,
-                request_digest=digest,
-            )
-    except IntegrityError:
-        # The same key, submitted at the same instant by the same user: the other one won.
-        transaction.set_rollback(True)
-        earlier = Job.objects.filter(submitted_by=user, idempotency_key=idempotency_key).first()
-        if earlier is None:
-            raise
-        return earlier, False
+    job = Job.objects.create(
+        tenant=request.tenant,
+        submitted_by=user,
+        name=request.name,
+        scenario=request.scenario,
+        gpu_model=request.gpu_model,
+        grant=grant,
+        cluster=partition.cluster,
+        partition=partition,
+        gpus=request.gpus,
+        nodes=request.nodes,
+        walltime_minutes=request.walltime_minutes,
+        priority=_priority(request),
+        cpus_per_gpu=cpus,
+        mem_per_gpu_mb=mem,
+        env={**request.scenario.env, **request.env},
+        script=script,
+        template=request.template,
+        parameters=request.parameters,
+        reserved_gpu_hours=hours,
+        idempotency_key=idempotency_key,
+        request_digest=digest,
+    )
     JobEvent.objects.create(job=job, from_state="", to_state=JobState.QUEUED, reason="submitted")
     audit_record(
         actor=user,
@@ -257,24 +289,43 @@ def job_submit(
     )
     _admit(partition)
     job.refresh_from_db()
-    return job, True
+    return job
 
 
 # --- Admission
 
 
 def _admit(partition: Partition) -> list[int]:
-    """Give free GPUs to waiting jobs in admission order; the caller holds the partition lock."""
+    """Give free GPUs to waiting jobs in admission order; the caller holds the partition lock.
+
+    A job held back by its own tenant (a full grant, a suspended tenant, an ended grant) is
+    skipped; the first that waits for the partition's capacity stops the line."""
+    waiting = admission.waiting_on(partition.pk)
+    # Every grant this pass may touch, locked in one statement in id order: two admissions on
+    # partitions that share a grant then queue on it instead of deadlocking.
+    locked = (
+        QuotaGrant.objects.select_for_update().filter(pk__in={j.grant_id for j in waiting}).order_by("pk")
+    )
+    grants = {grant.pk: grant for grant in locked}
+    today = timezone.localdate()
     free = partition.gpus_total - admission.gpus_held_on(partition.pk)
     admitted = []
-    for job in admission.admission_order(admission.waiting_on(partition.pk)):
+    for job in admission.admission_order(waiting):
         before = job.reason
-        if job.gpus > free:
+        grant = grants[job.grant_id]
+        if job.tenant.state != TenantState.ACTIVE:
+            job.reason = "tenant_suspended"
+        elif not grant.is_active_on(today):
+            job.reason = "grant_ended"
+        elif grant.gpus_in_use + job.gpus > grant.gpus:
+            job.reason = admission.QUOTA_WAIT
+        elif job.gpus > free:
             job.reason = admission.CAPACITY_WAIT
             free = 0  # strict order: nobody passes a job that waits for capacity
         elif not grant_take_gpus(grant_id=job.grant_id, gpus=job.gpus):
             job.reason = admission.QUOTA_WAIT
         else:
+            grant.gpus_in_use += job.gpus
             free -= job.gpus
             job.holds_gpus, job.reason = True, ""
             admitted.append(job.pk)
@@ -314,6 +365,8 @@ def _claim(job_id: int) -> Job | None:
         if job.state == JobState.QUEUED:
             _move(job, JobState.SUBMITTING)
             job.save(update_fields=["state", "reason", "raw_state"])
+        elif job.state != JobState.SUBMITTING:
+            return None  # cancelled or ended between the lease and the lock: nothing to submit
     return job
 
 
@@ -363,9 +416,14 @@ def job_dispatch(*, job_id: int) -> None:
         job.backend_id, job.submitted_at, job.dispatch_lease_until = backend_id, timezone.now(), None
         if job.state == JobState.SUBMITTING:
             _move(job, JobState.PENDING, reason="submitted")
-        elif job.state == JobState.CANCELLING:
-            _send("jobs.tasks.cancel_job", job_id=job.pk)  # cancelled while being submitted
+            job.save()
+            return
         job.save()
+    # Cancelled (or ended) while sbatch ran: the scheduler's copy must not live on.
+    try:
+        backend.cancel(backend_id)
+    except BackendUnavailable:
+        _send_now("jobs.tasks.cancel_job", job_id=job_id, backend_id=backend_id)
 
 
 # --- Follow
@@ -374,10 +432,8 @@ def job_dispatch(*, job_id: int) -> None:
 def jobs_poll(*, cluster_id: int) -> int:
     """One poll of one cluster for all its active jobs; returns how many changed state."""
     cluster = Cluster.objects.get(pk=cluster_id)
-    jobs = {
-        job.backend_id: job.pk
-        for job in Job.objects.filter(cluster=cluster, state__in=ACTIVE_IN_SCHEDULER).exclude(backend_id="")
-    }
+    active = Job.objects.filter(cluster=cluster, state__in=ACTIVE_IN_SCHEDULER).exclude(backend_id="")
+    jobs = {row[0]: row[1:] for row in active.values_list("backend_id", "pk", "submitted_at")}
     if not jobs:
         return 0
     try:
@@ -387,9 +443,17 @@ def jobs_poll(*, cluster_id: int) -> int:
         return 0
     if not cluster.healthy:
         cluster_mark_health(cluster=cluster, healthy=True, detail="answers")
-    return sum(
-        job_apply_status(job_id=jobs[backend_id], status=status) for backend_id, status in statuses.items()
-    )
+    moved = sum(job_apply_status(job_id=jobs[bid][0], status=status) for bid, status in statuses.items())
+    # Gone from the scheduler with no record, past a grace period for its bookkeeping to catch
+    # up: LOST, and its reservation and GPUs go back to the grant.
+    grace = timezone.now() - timedelta(seconds=settings.JOB_LOST_GRACE_S)
+    for backend_id, (pk, submitted_at) in jobs.items():
+        if backend_id not in statuses and submitted_at and submitted_at < grace:
+            lost = JobStatus(
+                backend_id=backend_id, state=JobState.LOST, raw_state="", reason="unknown to the scheduler"
+            )
+            moved += job_finish(job_id=pk, status=lost)
+    return moved
 
 
 def job_apply_status(*, job_id: int, status: JobStatus) -> bool:
@@ -479,11 +543,24 @@ def job_cancel(*, actor: AbstractBaseUser, job: Job) -> Job:
     return Job.objects.get(pk=job.pk)
 
 
-def job_cancel_in_scheduler(*, job_id: int) -> None:
-    """Tell the scheduler to cancel a CANCELLING job; BackendUnavailable is retried by the task."""
+def job_cancel_in_scheduler(*, job_id: int, backend_id: str = "") -> None:
+    """Tell the scheduler to cancel a CANCELLING job, or the given scheduler job of a job that
+    ended while it was being submitted; BackendUnavailable is retried by the task."""
     job = Job.objects.select_related("cluster").get(pk=job_id)
-    if job.state == JobState.CANCELLING and job.backend_id:
-        backend_of(job.cluster).cancel(job.backend_id)
+    if backend_id or (job.state == JobState.CANCELLING and job.backend_id):
+        backend_of(job.cluster).cancel(backend_id or job.backend_id)
+
+
+def job_log_tail(*, job: Job, lines: int) -> LogTail:
+    """The last lines of the job's output; a scheduler that cannot be read answers Unavailable."""
+    if not job.backend_id:
+        return LogTail(lines=[], truncated=False)
+    ref = JobRef(backend_id=job.backend_id, token=job.token, account=job.tenant.slug)
+    try:
+        return backend_of(job.cluster).log_tail(ref, lines=lines, max_bytes=settings.JOB_LOG_MAX_BYTES)
+    except BackendError as exc:  # BackendUnavailable included
+        log.warning("log of job %s unavailable: %s", job.pk, exc.__class__.__name__)
+        raise Unavailable(f"The log of job {job.pk} cannot be read from {job.cluster.slug} now.") from None
 
 
 # --- Sweep
@@ -509,6 +586,11 @@ def jobs_sweep() -> int:
         jobs_admit(partition_id=partition_id)
     for job in Job.objects.filter(stale, state=JobState.CANCELLING, backend_id="").select_related("cluster"):
         _cancel_unsubmitted(job)
+    # A cancel whose message was lost: ask again (scancel of an ended job is a no-op).
+    for job_id in (
+        Job.objects.filter(state=JobState.CANCELLING).exclude(backend_id="").values_list("pk", flat=True)
+    ):
+        _send_now("jobs.tasks.cancel_job", job_id=job_id)
     return len(resend)
 
 

@@ -2,10 +2,13 @@
 
 from celery import shared_task
 from django.conf import settings
+from django.db.models import Q
 
 from clusters.backends.base import BackendUnavailable
 from clusters.models import Cluster
 from jobs import services
+from jobs.models import Job
+from jobs.states import ACTIVE_IN_SCHEDULER
 from tenants.models import Tenant
 
 RETRY = {
@@ -16,16 +19,22 @@ RETRY = {
 }
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True, soft_time_limit=120, time_limit=150, **RETRY)
+@shared_task(
+    acks_late=True,
+    reject_on_worker_lost=True,
+    soft_time_limit=settings.JOB_DISPATCH_TIME_LIMIT_S - 30,
+    time_limit=settings.JOB_DISPATCH_TIME_LIMIT_S,
+    **RETRY,
+)
 def dispatch_job(*, job_id: int) -> None:
     """QUEUED → SUBMITTING → PENDING; the lease and find(token) make a second run harmless."""
     services.job_dispatch(job_id=job_id)
 
 
 @shared_task(acks_late=True, soft_time_limit=60, time_limit=90, **RETRY)
-def cancel_job(*, job_id: int) -> None:
+def cancel_job(*, job_id: int, backend_id: str = "") -> None:
     """CANCELLING: tell the scheduler; the next poll sees CANCELLED."""
-    services.job_cancel_in_scheduler(job_id=job_id)
+    services.job_cancel_in_scheduler(job_id=job_id, backend_id=backend_id)
 
 
 @shared_task(acks_late=True, soft_time_limit=60, time_limit=90)
@@ -37,7 +46,9 @@ def poll_cluster(*, cluster_id: int) -> int:
 @shared_task(acks_late=True, soft_time_limit=20, time_limit=30)
 def poll_clusters() -> int:
     """Beat: one poll task per enabled cluster, so that a slow cluster delays no other."""
-    ids = list(Cluster.objects.filter(enabled=True).values_list("pk", flat=True))
+    # Enabled clusters, and a disabled one while it still has jobs to follow to their end.
+    busy = Job.objects.filter(state__in=ACTIVE_IN_SCHEDULER).values("cluster_id")
+    ids = list(Cluster.objects.filter(Q(enabled=True) | Q(pk__in=busy)).values_list("pk", flat=True))
     for cluster_id in ids:
         # A poll that waited past the next one is stale: let it expire rather than pile up.
         poll_cluster.apply_async(kwargs={"cluster_id": cluster_id}, expires=settings.JOB_POLL_INTERVAL_S)

@@ -140,7 +140,10 @@ STORAGES = {
 # --- Jobs
 JOB_MAX_WALLTIME_MINUTES = env_int("JOB_MAX_WALLTIME_MINUTES", 72 * 60, minimum=1)
 JOB_POLL_INTERVAL_S = env_int("JOB_POLL_INTERVAL_S", 10, minimum=2, maximum=300)
-JOB_DISPATCH_LEASE_S = env_int("JOB_DISPATCH_LEASE_S", 180, minimum=10)
+JOB_DISPATCH_TIME_LIMIT_S = 150  # jobs.tasks.dispatch_job's hard limit
+# A lease that ends before its dispatcher can is a second sbatch: the lease must outlast it.
+JOB_DISPATCH_LEASE_S = env_int("JOB_DISPATCH_LEASE_S", 180, minimum=JOB_DISPATCH_TIME_LIMIT_S + 1)
+JOB_LOST_GRACE_S = env_int("JOB_LOST_GRACE_S", 300, minimum=30)
 FAIR_SHARE_HALF_LIFE_DAYS = env_int("FAIR_SHARE_HALF_LIFE_DAYS", 7, minimum=1)
 LOCAL_CLUSTER_GPUS = env_int("LOCAL_CLUSTER_GPUS", 4, minimum=0, maximum=64)
 JOB_LOG_MAX_BYTES = env_int("JOB_LOG_MAX_BYTES", 1_000_000, minimum=1000)
@@ -248,6 +251,9 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "portal.core.errors.problem_exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
+    # How many proxies in front of the portal set X-Forwarded-For. 0 trusts none: the throttles
+    # key on the connection's own address, so a client cannot pick a fresh one per request.
+    "NUM_PROXIES": env_int("NUM_PROXIES", 0, minimum=0, maximum=5),
 }
 if DEBUG:
     REST_FRAMEWORK["DEFAULT_RENDERER_CLASSES"].append("rest_framework.renderers.BrowsableAPIRenderer")

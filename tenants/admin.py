@@ -71,26 +71,33 @@ class TenantAdmin(admin.ModelAdmin):
 
     def save_formset(self, request, form, formset, change):
         # Instead of formset.save(): each change through its service, then what the admin's
-        # history message reads from a saved formset.
+        # history message reads from a saved formset. Additions and promotions to owner go
+        # first, so that handing the tenant from one owner to another in one save never
+        # passes through a moment with no owner.
         tenant = form.instance
         formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
-        for inline_form in formset.forms:
-            data = inline_form.cleaned_data
-            if not data:
-                continue
-            membership = inline_form.instance
-            if data.get("DELETE") and membership.pk:
-                services.membership_remove(actor=request.user, membership=membership)
-                formset.deleted_objects.append(membership)
-            elif not membership.pk and not data.get("DELETE"):
-                added = services.membership_add(
-                    actor=request.user, tenant=tenant, user=data["user"], role=data["role"]
-                )
-                formset.new_objects.append(added)
-            elif "role" in inline_form.changed_data:
-                original = Membership.objects.get(pk=membership.pk)
-                services.membership_change_role(actor=request.user, membership=original, role=data["role"])
-                formset.changed_objects.append((original, ["role"]))
+        rows = [f for f in formset.forms if f.cleaned_data]
+        first = [f for f in rows if not f.instance.pk or f.cleaned_data.get("role") == Role.OWNER]
+        for inline_form in first + [f for f in rows if f not in first]:
+            try:
+                self._save_member(request, tenant, inline_form, formset)
+            except PortalError as exc:
+                self.message_user(request, exc.detail, messages.ERROR)
+
+    def _save_member(self, request, tenant, inline_form, formset) -> None:
+        data, membership = inline_form.cleaned_data, inline_form.instance
+        if data.get("DELETE") and membership.pk:
+            services.membership_remove(actor=request.user, membership=membership)
+            formset.deleted_objects.append(membership)
+        elif not membership.pk and not data.get("DELETE"):
+            user, role = data["user"], data["role"]
+            formset.new_objects.append(
+                services.membership_add(actor=request.user, tenant=tenant, user=user, role=role)
+            )
+        elif "role" in inline_form.changed_data:
+            original = Membership.objects.get(pk=membership.pk)
+            services.membership_change_role(actor=request.user, membership=original, role=data["role"])
+            formset.changed_objects.append((original, ["role"]))
 
 
 class DecisionForm(forms.Form):

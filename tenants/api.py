@@ -8,18 +8,18 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal.core.errors import Forbidden
 from portal.core.models import AuditEvent
+from portal.core.parsing import parsed
 from tenants import roles, services
 from tenants.filters import AuditFilter, QuotaFilter, QuotaRequestFilter
 from tenants.models import Membership, QuotaGrant, QuotaRequest, Role, Tenant
+from tenants.permissions import require, require_staff
 from tenants.selectors import (
     audit_visible_to,
     grants_visible_to,
     members_of,
     memberships_of,
     quota_requests_visible_to,
-    tenant_perms,
     tenants_visible_to,
 )
 from tenants.serializers import (
@@ -37,23 +37,6 @@ from tenants.serializers import (
     TenantOut,
     TenantPatch,
 )
-
-
-def require(user, tenant: Tenant, perm: str) -> None:
-    """403 for a caller who sees the tenant but whose role lacks `perm` (404 came earlier)."""
-    if perm not in tenant_perms(user=user, tenant=tenant):
-        raise Forbidden(f"Your role in {tenant.slug} does not allow this.")
-
-
-def require_staff(user) -> None:
-    if not user.is_staff:
-        raise Forbidden("Only platform admins may do this.")
-
-
-def parsed(serializer_class, request, **kwargs) -> dict:
-    serializer = serializer_class(data=request.data, context={"request": request}, **kwargs)
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
 
 
 class Me(APIView):

@@ -7,6 +7,7 @@ from rest_framework import serializers
 
 from clusters.models import GpuModel, Scenario
 from portal.core.models import AuditEvent
+from portal.core.validators import slug_validator
 from tenants.models import Membership, QuotaGrant, QuotaRequest, Role, Tenant, TenantState, Tier
 from tenants.selectors import tenants_visible_to
 
@@ -34,10 +35,10 @@ class TenantOut(serializers.ModelSerializer):
 
 
 class TenantIn(serializers.Serializer):
-    slug = serializers.SlugField(max_length=63)
+    slug = serializers.CharField(max_length=63, validators=[slug_validator])
     name = serializers.CharField(max_length=200)
     tier = serializers.ChoiceField(choices=Tier.choices, default=Tier.NORMAL)
-    contact_email = serializers.EmailField(required=False, allow_blank=True, default="")
+    contact_email = serializers.EmailField(max_length=254, required=False, allow_blank=True, default="")
     owner = serializers.SlugRelatedField(
         slug_field="username", queryset=get_user_model().objects.filter(is_active=True), required=False
     )
@@ -45,7 +46,7 @@ class TenantIn(serializers.Serializer):
 
 class TenantPatch(serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False)
-    contact_email = serializers.EmailField(required=False, allow_blank=True)
+    contact_email = serializers.EmailField(max_length=254, required=False, allow_blank=True)
     tier = serializers.ChoiceField(choices=Tier.choices, required=False)
     state = serializers.ChoiceField(choices=TenantState.choices, required=False)
 

@@ -380,9 +380,10 @@ def grant_settle(
     """A job ended: release its reservation and its GPUs, charge what it really used (never
     more than it reserved)."""
     grant = grant_for_update(grant_id=grant_id)
-    grant.gpu_hours_reserved = max(Decimal(0), grant.gpu_hours_reserved - reserved_gpu_hours)
+    # No clamping at zero: a double settle must hit the check constraints, not vanish.
+    grant.gpu_hours_reserved -= reserved_gpu_hours
     grant.gpu_hours_used += min(used_gpu_hours, reserved_gpu_hours)
-    grant.gpus_in_use = max(0, grant.gpus_in_use - gpus)
+    grant.gpus_in_use -= gpus
     grant.save(update_fields=["gpu_hours_reserved", "gpu_hours_used", "gpus_in_use"])
     return grant
 

@@ -171,6 +171,15 @@ def database_url_of_test_db() -> str:
     return f"postgres://{settings_dict['USER']}@{host}:{port}/{settings_dict['NAME']}"
 
 
+def die_with_parent() -> None:
+    """In a child before exec: SIGTERM when the test process dies, so that a killed test run
+    leaves no worker behind to consume the next run's messages."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+
+
 def start_celery_worker(log_path: Path) -> subprocess.Popen:
     """A real Celery worker process on the machine's Redis, sharing the test database."""
     from django.conf import settings
@@ -187,7 +196,7 @@ def start_celery_worker(log_path: Path) -> subprocess.Popen:
     proc = subprocess.Popen(
         [str(VENV_BIN / "celery"), "-A", "portal", "worker", "--pool", "solo", "--loglevel", "INFO",
          "--hostname", f"{hostname}@%h", "--without-gossip", "--without-mingle"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
     )  # fmt: skip
     log.close()
     deadline = time.monotonic() + 30

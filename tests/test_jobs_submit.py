@@ -230,6 +230,10 @@ def test_sweep_ends_a_job_cancelled_while_its_dispatcher_died(
     Job.objects.filter(pk=job_id).update(state=JobState.CANCELLING, dispatch_lease_until=timezone.now())
     jobs_sweep()
     job = Job.objects.get(pk=job_id)
-    assert (job.state, job.reason, job.backend_id) == ("CANCELLED", "cancelled before it reached the scheduler", "")
+    assert (job.state, job.reason, job.backend_id) == (
+        "CANCELLED",
+        "cancelled before it reached the scheduler",
+        "",
+    )
     grant.refresh_from_db()
     assert (grant.gpu_hours_reserved, grant.gpus_in_use) == (0, 0)

@@ -8,6 +8,7 @@ import logging
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import HttpRequest, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -135,6 +136,9 @@ def problem_exception_handler(exc: Exception, context: dict) -> Response:
             status=413,
             content_type=PROBLEM_CONTENT_TYPE,
         )
+    if isinstance(exc, DjangoValidationError):
+        # A model's own validation (full_clean in a service) that no serializer caught first.
+        exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
     if isinstance(exc, PortalError):
         set_rollback()
         return Response(
