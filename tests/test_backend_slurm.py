@@ -422,8 +422,8 @@ def test_inventory_lists_gpu_partitions(backend):
     assert set(partitions) >= {"h100", "a100"}
     for name in ("h100", "a100"):
         info = partitions[name]
-        assert (info.gpu_type, info.gpus_per_node, info.nodes) == (name, 4, 1)
-        assert 0 <= info.gpus_free <= 4
+        assert (info.gpu_type, info.gpus_per_node, info.nodes) == (name, 4, 2)
+        assert 0 <= info.gpus_free <= 8
         assert info.max_walltime_minutes is None  # MaxTime=INFINITE
 
 

@@ -2,7 +2,8 @@
 
 ``testbed_env()`` runs ``testbed.sh up`` (idempotent, fast when the testbed is
 already up) once per process and returns the KEY=value pairs of the env file it
-writes, e.g. ``SLURM_TESTBED_HOST``, ``SLURM_TESTBED_KEY_FILE``.
+writes, e.g. ``SLURM_TESTBED_HOST``, ``SLURM_TESTBED_KEY_FILE``, ``SLURM_TESTBED_NODES`` (2:
+every partition spans both of the testbed's nodes).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ REQUIRED_KEYS = (
     "SLURM_TESTBED_KNOWN_HOSTS",
     "SLURM_TESTBED_CLUSTER",
     "SLURM_TESTBED_ACCOUNT",
-    "SLURM_TESTBED_PARTITIONS",
+    "SLURM_TESTBED_PARTITIONS",  # name:GPU type:GPUs per node,…
+    "SLURM_TESTBED_NODES",  # nodes of every partition
 )
 
 

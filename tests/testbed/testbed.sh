@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# A real one-node Slurm cluster (slurmctld + slurmd + slurmdbd on MariaDB,
-# munge, typed GPU GRES backed by fake /dev/nvidiaN character devices) that
-# the portal reaches over SSH as the unprivileged user "gpuportal".
+# A real two-node Slurm cluster (slurmctld + slurmdbd on MariaDB + one slurmd
+# per node, munge, typed GPU GRES backed by fake /dev/nvidiaN character
+# devices) that the portal reaches over SSH as the unprivileged user
+# "gpuportal". Both nodes live on this machine: two slurmd, one per node name
+# (slurmd -N), each on its own port, spool dir, pid and log file (Debian's
+# Slurm is built with multiple-slurmd support), so that jobs can span 2 nodes.
+# srun wires MPI ranks through PMIx (MpiDefault=pmix); LAMMPS on Open MPI is
+# installed as the nodes' MPI program.
 #
 #   testbed.sh up      install what is missing, start everything, wait until a
 #                      GPU job runs, write $STATE/testbed.env (idempotent; fast
@@ -24,8 +29,14 @@ ACCOUNT=portal
 PORTAL_USER=gpuportal
 SSH_HOST=127.0.0.1
 SSH_PORT=2222
-PARTITIONS="h100:h100:4,a100:a100:4"
+PARTITIONS="h100:h100:4,a100:a100:4" # name:GPU type:GPUs per node; every partition has all nodes
 NODE=$(hostname -s)
+NODES=("$NODE" "${NODE}2") # node names; both slurmd run here, reached at $SSH_HOST
+SLURMD_PORTS=(6818 6820)   # one per node (6819 is slurmdbd's)
+NODELIST=$(
+    IFS=,
+    echo "${NODES[*]}"
+)
 NCPUS=16 # declared (SlurmdParameters=config_overrides), so that many small jobs run at once
 SLURM_ETC=/etc/slurm
 SPOOL=/var/spool/slurm-testbed # outside the state dir: slurmstepd execs job scripts from here as the job user
@@ -34,8 +45,11 @@ DB_USER=slurm
 MYSQL_HOST=127.0.0.1
 MYSQL_PORT=3306
 WAIT_S=${TESTBED_WAIT_S:-60}
-PACKAGES=(munge slurm-wlm slurmdbd openssh-server)
-DAEMONS=(munged slurmdbd slurmctld slurmd sshd)
+# libpmix-dev: MpiDefault=pmix, and Debian's mpi/pmix plugin dlopens the unversioned libpmix.so that only
+# the -dev package ships. lammps (with Open MPI): the MPI program of the multi-node test (tests/test_multinode.py).
+PACKAGES=(munge slurm-wlm slurmdbd openssh-server libpmix-dev lammps)
+SLURMDS=("${NODES[@]/#/slurmd-}") # daemon names: slurmd-<node>
+DAEMONS=(munged slurmdbd slurmctld "${SLURMDS[@]}" sshd)
 
 log() { echo "[testbed] $*" >&2; }
 die() {
@@ -73,14 +87,14 @@ alive() {
     [[ ${stat:0:1} != Z ]]
 }
 
-# pid of a daemon we started, if it is alive (and is still that program)
+# pid of a daemon we started, if it is alive (and is still that program: "slurmd-vm2" is a slurmd)
 daemon_pid() {
     local f pid
     f=$(pidfile "$1")
     [[ -s $f ]] || return 1
     pid=$(tr -dc '0-9' <"$f")
     [[ -n $pid ]] && alive "$pid" || return 1
-    [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$1" ]] || return 1
+    [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "${1%%-*}" ]] || return 1
     echo "$pid"
 }
 
@@ -112,6 +126,7 @@ wait_for() {
     done
 }
 
+# shellcheck disable=SC2120 # arguments come through wait_for
 mysql_root() { mysql --protocol=TCP -h "$MYSQL_HOST" -P "$MYSQL_PORT" -uroot "$@"; }
 
 # ---------------------------------------------------------------- packages --
@@ -145,9 +160,10 @@ ensure_packages() {
 }
 
 # ----------------------------------------------------------------- devices --
+# 16 fake GPUs: per node 4 "h100" and 4 "a100" (gres.conf)
 ensure_devices() {
     local n
-    for n in 0 1 2 3 4 5 6 7; do
+    for n in {0..15}; do
         if [[ ! -c /dev/nvidia$n ]]; then
             rm -f "/dev/nvidia$n"
             mknod -m 666 "/dev/nvidia$n" c 195 "$n"
@@ -277,18 +293,19 @@ AuthType=auth/munge
 CredType=cred/munge
 CommunicationParameters=NoInAddrAny,NoCtldInAddrAny
 SlurmctldPort=6817
-SlurmdPort=6818
+SlurmdPort=${SLURMD_PORTS[0]}
 StateSaveLocation=$SPOOL/slurmctld
-SlurmdSpoolDir=$SPOOL/slurmd
+SlurmdSpoolDir=$SPOOL/slurmd-%n
+TmpFS=$SPOOL/tmp-%n
 SlurmctldPidFile=$(pidfile slurmctld)
-SlurmdPidFile=$(pidfile slurmd)
+SlurmdPidFile=$(pidfile slurmd-%n)
 SlurmctldLogFile=$(logfile slurmctld)
-SlurmdLogFile=$(logfile slurmd)
+SlurmdLogFile=$(logfile slurmd-%n)
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
-MpiDefault=none
+MpiDefault=pmix
 ReturnToService=2
 SlurmdParameters=config_overrides
 SchedulerType=sched/backfill
@@ -311,9 +328,16 @@ InactiveLimit=0
 MinJobAge=300
 KillWait=5
 Waittime=0
-NodeName=$NODE NodeAddr=$SSH_HOST CPUs=$NCPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$NCPUS ThreadsPerCore=1 RealMemory=$(real_memory) Gres=gpu:h100:4,gpu:a100:4 State=UNKNOWN
-PartitionName=h100 Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
-PartitionName=a100 Nodes=$NODE Default=NO MaxTime=INFINITE State=UP
+EOF
+    local i
+    for i in "${!NODES[@]}"; do
+        echo "NodeName=${NODES[i]} NodeHostname=$NODE NodeAddr=$SSH_HOST Port=${SLURMD_PORTS[i]}" \
+            "CPUs=$NCPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$NCPUS ThreadsPerCore=1" \
+            "RealMemory=$(real_memory) Gres=gpu:h100:4,gpu:a100:4 State=UNKNOWN"
+    done
+    cat <<EOF
+PartitionName=h100 Nodes=$NODELIST Default=YES MaxTime=INFINITE State=UP
+PartitionName=a100 Nodes=$NODELIST Default=NO MaxTime=INFINITE State=UP
 EOF
 }
 
@@ -321,9 +345,12 @@ gres_conf_text() {
     cat <<EOF
 # generated by tests/testbed/testbed.sh
 AutoDetect=off
-NodeName=$NODE Name=gpu Type=h100 File=/dev/nvidia[0-3]
-NodeName=$NODE Name=gpu Type=a100 File=/dev/nvidia[4-7]
 EOF
+    local i
+    for i in "${!NODES[@]}"; do
+        echo "NodeName=${NODES[i]} Name=gpu Type=h100 File=/dev/nvidia[$((8 * i))-$((8 * i + 3))]"
+        echo "NodeName=${NODES[i]} Name=gpu Type=a100 File=/dev/nvidia[$((8 * i + 4))-$((8 * i + 7))]"
+    done
 }
 
 slurmdbd_conf_text() {
@@ -368,7 +395,11 @@ write_configs() { # returns 0 if Slurm's config changed
     local changed=1
     install -d -m 755 "$SLURM_ETC"
     install -d -m 700 "$SPOOL/slurmctld"
-    install -d -m 755 "$SPOOL/slurmd"
+    local node
+    for node in "${NODES[@]}"; do
+        install -d -m 755 "$SPOOL/slurmd-$node"
+        install -d -m 1777 "$SPOOL/tmp-$node"
+    done
     write_if_changed "$SLURM_ETC/slurm.conf" 644 "$(slurm_conf_text)" && changed=0
     write_if_changed "$SLURM_ETC/gres.conf" 644 "$(gres_conf_text)" && changed=0
     write_if_changed "$SLURM_ETC/slurmdbd.conf" 600 "$(slurmdbd_conf_text)" && changed=0
@@ -415,13 +446,15 @@ start_slurmdbd() {
 
 ctld_ok() { scontrol ping 2>/dev/null | grep -q "is UP"; }
 
-node_state() { sinfo -h -n "$NODE" -o %T 2>/dev/null | head -n1; }
+# e.g. "vm:idle vm2:mixed"
+node_states() { sinfo -h -N -n "$NODELIST" -o %N:%T 2>/dev/null | awk '!seen[$0]++' | tr '\n' ' ' | sed 's/ $//'; }
 
-node_usable() {
-    case $(node_state) in
-    idle | mixed | allocated | completing) return 0 ;;
-    *) return 1 ;;
-    esac
+nodes_usable() {
+    local states node
+    states=" $(node_states) "
+    for node in "${NODES[@]}"; do
+        [[ $states =~ \ $node:(idle|mixed|allocated|completing)\  ]] || return 1
+    done
 }
 
 start_slurmctld() {
@@ -432,16 +465,19 @@ start_slurmctld() {
     wait_for "$WAIT_S" ctld_ok || fail_daemon slurmctld "slurmctld does not answer 'scontrol ping' within ${WAIT_S}s"
 }
 
-start_slurmd() {
-    if ! daemon_pid slurmd >/dev/null; then
-        log "starting slurmd"
-        /usr/sbin/slurmd 9>&- || fail_daemon slurmd "slurmd did not start"
-    fi
-    if ! wait_for 20 node_usable; then
+start_slurmds() {
+    local node
+    for node in "${NODES[@]}"; do
+        if ! daemon_pid "slurmd-$node" >/dev/null; then
+            log "starting slurmd for node $node"
+            /usr/sbin/slurmd -N "$node" 9>&- || fail_daemon "slurmd-$node" "slurmd -N $node did not start"
+        fi
+    done
+    if ! wait_for 20 nodes_usable; then
         # e.g. DOWN after an unclean stop: ReturnToService=2 should cover it, nudge anyway
-        scontrol update nodename="$NODE" state=resume >/dev/null 2>&1 || true
-        wait_for "$WAIT_S" node_usable ||
-            fail_daemon slurmd "node $NODE is '$(node_state)', not idle, after ${WAIT_S}s ($(sinfo -h -R 2>/dev/null | tr -s ' ' | head -n1))"
+        scontrol update nodename="$NODELIST" state=resume >/dev/null 2>&1 || true
+        wait_for "$WAIT_S" nodes_usable ||
+            fail_daemon "slurmd-$NODE" "nodes are '$(node_states)', not all idle, after ${WAIT_S}s ($(sinfo -h -R 2>/dev/null | tr -s ' ' | head -n1))"
     fi
 }
 
@@ -460,12 +496,13 @@ ssh_portal() {
         -o ConnectTimeout=10 "$PORTAL_USER@$SSH_HOST" "$@"
 }
 
-# submit a 1-GPU job over SSH as the portal user and wait until it completed
+# submit a job of 1 GPU on each node over SSH as the portal user, with a step on both nodes,
+# and wait until it completed
 smoke_job() {
     local out id state deadline=$((SECONDS + WAIT_S))
-    out=$(printf '#!/bin/sh\ntest -n "$CUDA_VISIBLE_DEVICES"\n' |
+    out=$(printf '#!/bin/sh\nset -e\ntest -n "$CUDA_VISIBLE_DEVICES"\nsrun --ntasks-per-node=1 true\n' |
         ssh_portal sbatch --parsable --account="$ACCOUNT" --partition=h100 --gres=gpu:h100:1 \
-            --time=1 --job-name=testbed-smoke --output=/dev/null 2>&1) ||
+            --nodes=${#NODES[@]} --time=1 --job-name=testbed-smoke --output=/dev/null 2>&1) ||
         { tail_log sshd; die "smoke job submission over SSH failed: $out"; }
     id=${out%%;*}
     [[ $id =~ ^[0-9]+$ ]] || die "unexpected sbatch output: $out"
@@ -475,7 +512,7 @@ smoke_job() {
         COMPLETED) return 0 ;;
         FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE)
             scontrol show job "$id" >&2 || true
-            fail_daemon slurmd "smoke job $id ended $state"
+            fail_daemon "slurmd-$NODE" "smoke job $id ended $state"
             ;;
         esac
         if ((SECONDS >= deadline)); then
@@ -487,10 +524,8 @@ smoke_job() {
     done
 }
 
-write_env_file() {
-    local text
-    text=$(
-        cat <<EOF
+env_file_text() {
+    cat <<EOF
 SLURM_TESTBED_HOST=$SSH_HOST
 SLURM_TESTBED_PORT=$SSH_PORT
 SLURM_TESTBED_USER=$PORTAL_USER
@@ -499,17 +534,18 @@ SLURM_TESTBED_KNOWN_HOSTS=$KNOWN_HOSTS
 SLURM_TESTBED_CLUSTER=$CLUSTER
 SLURM_TESTBED_ACCOUNT=$ACCOUNT
 SLURM_TESTBED_PARTITIONS=$PARTITIONS
+SLURM_TESTBED_NODES=${#NODES[@]}
 EOF
-    )
-    write_if_changed "$ENV_FILE" 644 "$text" || true
 }
+
+write_env_file() { write_if_changed "$ENV_FILE" 644 "$(env_file_text)" || true; }
 
 all_up() {
     local d
     for d in "${DAEMONS[@]}"; do daemon_pid "$d" >/dev/null || return 1; done
-    [[ -s $ENV_FILE && -s $KEY_FILE && -s $KNOWN_HOSTS ]] || return 1
+    [[ -s $KEY_FILE && -s $KNOWN_HOSTS && -f $ENV_FILE && "$(cat "$ENV_FILE")" == "$(env_file_text)" ]] || return 1
     configs_current || return 1
-    ctld_ok && node_usable
+    ctld_ok && nodes_usable
 }
 
 stop_daemon() {
@@ -529,7 +565,8 @@ stop_daemon() {
 }
 
 stop_slurm() {
-    stop_daemon slurmd
+    local d
+    for d in "${SLURMDS[@]}" slurmd; do stop_daemon "$d"; done # slurmd: the one-node testbed's pid file
     stop_daemon slurmctld
     stop_daemon slurmdbd
 }
@@ -550,7 +587,7 @@ cmd_up() {
     if write_configs; then
         # Slurm config changed under running daemons: restart them
         local d
-        for d in slurmd slurmctld slurmdbd; do
+        for d in "${SLURMDS[@]}" slurmd slurmctld slurmdbd; do
             if daemon_pid "$d" >/dev/null; then
                 log "configuration changed, restarting Slurm daemons"
                 stop_slurm
@@ -563,7 +600,7 @@ cmd_up() {
     fi
     start_slurmdbd
     start_slurmctld
-    start_slurmd
+    start_slurmds
     start_sshd
     ssh_portal true || { tail_log sshd; die "cannot log in as $PORTAL_USER over SSH on $SSH_HOST:$SSH_PORT"; }
     smoke_job
@@ -601,8 +638,8 @@ cmd_status() {
     done
     if ((rc == 0)); then
         if ctld_ok; then
-            echo "cluster $CLUSTER: slurmctld answers; node $NODE is $(node_state)"
-            node_usable || rc=1
+            echo "cluster $CLUSTER: slurmctld answers; nodes $(node_states)"
+            nodes_usable || rc=1
         else
             echo "cluster $CLUSTER: slurmctld does not answer"
             rc=1

@@ -49,7 +49,7 @@ class Command(BaseCommand):
                 defaults={
                     "gpu_model": GpuModel.objects.get(slug=GRES_MODELS[gres]),
                     "gpus_per_node": int(gpus),
-                    "nodes": 1,
+                    "nodes": int(env.get("SLURM_TESTBED_NODES", 1)),
                     "max_walltime_minutes": 24 * 60,
                     # The testbed's one node is a 2-core VM that declares 16 CPUs.
                     "max_cpus_per_gpu": 1,
