@@ -1,0 +1,54 @@
+"""The schedulers' view of a tenant: its account or namespace and its limits."""
+
+from decimal import Decimal
+
+from django.utils import timezone
+
+from clusters.backends.base import (
+    TenantLimits,
+)
+from clusters.models import Cluster
+from clusters.services import backend_of
+from tenants.models import QuotaGrant, Tenant, TenantState
+
+# --- The schedulers' view of a tenant
+
+
+def tenant_limits(*, tenant: Tenant, cluster: Cluster) -> TenantLimits:
+    """The tenant's limits on one cluster, from its active grants for the GPU models there:
+    concurrent GPUs per GRES type (GrpTRES) and the GPU-minutes granted (GrpTRESMins).
+
+    Granted, not remaining: Slurm counts the account's usage itself (and lets it decay), so a
+    limit of the remaining minutes would count every finished job twice and hold back jobs the
+    portal's own ledger has admitted. The ledger is the exact limit; Slurm's is the backstop."""
+    today = timezone.localdate()
+    models_here = set(cluster.partitions.values_list("gpu_model_id", flat=True))
+    gpus_by_type: dict[str, int] = {}
+    k8s: dict[str, int] = {}
+    minutes = Decimal(0)
+    grants = QuotaGrant.objects.filter(tenant=tenant, starts_on__lte=today, ends_on__gte=today)
+    grants = grants.select_related("gpu_model")
+    if tenant.state == TenantState.ACTIVE:
+        for grant in grants:
+            if grant.gpu_model_id in models_here:
+                gpu_type = grant.gpu_model.slurm_gres
+                gpus_by_type[gpu_type] = gpus_by_type.get(gpu_type, 0) + grant.gpus
+                k8s[grant.gpu_model.k8s_resource] = k8s.get(grant.gpu_model.k8s_resource, 0) + grant.gpus
+                minutes += grant.gpu_hours * 60
+    return TenantLimits(
+        account=tenant.slug,
+        qos=f"portal-{tenant.tier}",
+        users=[cluster.ssh_user] if cluster.ssh_user else [],
+        gpus_by_type=gpus_by_type,
+        gpu_minutes=int(minutes),
+        k8s_resources=k8s,
+    )
+
+
+def tenant_apply(*, tenant_id: int, cluster_id: int) -> TenantLimits:
+    """Create or update the tenant's account and limits on one cluster. Idempotent."""
+    tenant = Tenant.objects.get(pk=tenant_id)
+    cluster = Cluster.objects.get(pk=cluster_id)
+    limits = tenant_limits(tenant=tenant, cluster=cluster)
+    backend_of(cluster).apply_tenant(limits)
+    return limits

@@ -1,0 +1,307 @@
+"""Submit and admit (DESIGN.md, Flow of one job, steps 1 and 2). Locks are taken in one order,
+partition → job → grant, so that submission, admission and settlement never deadlock."""
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from decimal import ROUND_CEILING, Decimal
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from clusters.models import Cluster, GpuModel, Partition, Scenario
+from jobs import admission
+from jobs.job_templates import TemplateInvalid, render_template
+from jobs.models import Job, JobEvent, JobState, Priority
+from jobs.services.common import _send
+from portal.core.errors import Conflict, Invalid
+from portal.core.services import audit_record
+from tenants.errors import NoQuota, QuotaExhausted, TenantSuspended
+from tenants.models import QuotaGrant, Tenant, TenantState, Tier
+from tenants.services import grant_reserve, grant_take_gpus
+
+# A tenant's tier caps the priority its jobs may ask for within it.
+MAX_PRIORITY = {
+    Tier.LOW: Priority.LOW,
+    Tier.NORMAL: Priority.NORMAL,
+    Tier.HIGH: Priority.HIGH,
+    Tier.CRITICAL: Priority.HIGH,
+}
+PRIORITY_ORDER = [Priority.LOW, Priority.NORMAL, Priority.HIGH]
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# Set by the portal or the scheduler: a job may not override them.
+RESERVED_ENV = re.compile(
+    r"^(CUDA_VISIBLE_DEVICES|SLURM_\w*|PORTAL_\w*|LD_PRELOAD|LD_LIBRARY_PATH|PATH|HOME)$"
+)
+MAX_ENV = 64
+MAX_SCRIPT_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What a submitter asks for, parsed; the API builds it from the body."""
+
+    tenant: Tenant
+    scenario: Scenario
+    gpu_model: GpuModel
+    gpus: int
+    walltime_minutes: int
+    name: str
+    nodes: int = 1
+    priority: str = ""  # "": normal, or the tenant's tier cap if that is lower
+    env: dict[str, str] = field(default_factory=dict)
+    script: str = ""
+    template: str = ""
+    parameters: dict = field(default_factory=dict)
+    cluster: Cluster | None = None
+    partition: str = ""
+
+
+def request_digest(body: dict) -> str:
+    """The fingerprint an Idempotency-Key is bound to: the same key with another body is a conflict."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# --- Submit
+
+
+def _check_env(env: dict) -> dict[str, str]:
+    errors = []
+    if len(env) > MAX_ENV:
+        errors.append(f"At most {MAX_ENV} variables.")
+    for name, value in env.items():
+        if not ENV_NAME.fullmatch(name):
+            errors.append(f"{name!r} is not a valid variable name.")
+        elif RESERVED_ENV.fullmatch(name):
+            errors.append(f"{name} is set by the portal or the scheduler.")
+        if not isinstance(value, str) or "\x00" in value or len(value) > 4096:
+            errors.append(f"The value of {name!r} must be a string of at most 4096 characters.")
+    if errors:
+        raise Invalid({"env": errors})
+    return env
+
+
+def _pick_partition(request: JobRequest) -> Partition:
+    """The partition given, or of those with the GPU model the one with most free GPUs."""
+    candidates = Partition.objects.filter(gpu_model=request.gpu_model, cluster__enabled=True).select_related(
+        "cluster"
+    )
+    if request.cluster is not None:
+        candidates = candidates.filter(cluster=request.cluster)
+    if request.partition:
+        candidates = candidates.filter(name=request.partition)
+    candidates = list(candidates)
+    if not candidates:
+        field_name = "partition" if request.partition else "cluster" if request.cluster else "gpu_model"
+        raise Invalid({field_name: f"No enabled partition offers {request.gpu_model.slug} here."})
+    free = {p.pk: p.gpus_total - admission.gpus_held_on(p.pk) for p in candidates}
+    return max(candidates, key=lambda p: (p.cluster.healthy, free[p.pk], -p.pk))
+
+
+def _check_shape(request: JobRequest, partition: Partition) -> None:
+    errors = {}
+    if request.gpus % request.nodes:
+        errors["gpus"] = f"{request.gpus} GPUs do not divide evenly over {request.nodes} nodes."
+    elif request.gpus // request.nodes > partition.gpus_per_node:
+        errors["gpus"] = f"{partition} has {partition.gpus_per_node} GPUs per node."
+    if request.nodes > partition.nodes:
+        errors["nodes"] = f"{partition} has {partition.nodes} nodes."
+    cap = min(partition.max_walltime_minutes, settings.JOB_MAX_WALLTIME_MINUTES)
+    if request.walltime_minutes > cap:
+        errors["walltime_minutes"] = f"At most {cap} minutes on {partition}."
+    tier_cap = MAX_PRIORITY[request.tenant.tier]
+    if request.priority and PRIORITY_ORDER.index(request.priority) > PRIORITY_ORDER.index(tier_cap):
+        errors["priority"] = f"A {request.tenant.tier}-tier tenant's jobs go up to {tier_cap}."
+    if errors:
+        raise Invalid(errors)
+
+
+def _priority(request: JobRequest) -> str:
+    """The priority asked for, or normal capped by the tenant's tier when none was."""
+    if request.priority:
+        return request.priority
+    cap = MAX_PRIORITY[request.tenant.tier]
+    return min(Priority.NORMAL, cap, key=PRIORITY_ORDER.index)
+
+
+def _script(request: JobRequest, partition: Partition) -> str:
+    if bool(request.script) == bool(request.template):
+        raise Invalid({"script": "Give either a script or a template with parameters."})
+    if request.template:
+        try:
+            return render_template(
+                request.template,
+                request.parameters,
+                nodes=request.nodes,
+                gpus_per_node=request.gpus // request.nodes,
+                backend_kind=partition.cluster.kind,
+            )
+        except TemplateInvalid as exc:
+            raise Invalid(exc.errors) from None
+    if not request.script.startswith("#!") or "\x00" in request.script:
+        raise Invalid({"script": "A batch script starts with #! (e.g. #!/bin/bash) and holds no NUL byte."})
+    if len(request.script.encode()) > MAX_SCRIPT_BYTES:
+        raise Invalid({"script": f"At most {MAX_SCRIPT_BYTES} bytes."})
+    return request.script
+
+
+def _reserve(request: JobRequest, hours: Decimal) -> QuotaGrant:
+    """Reserve on the matching active grant that ends first and still has the hours. Grants
+    whose concurrent limit is below the job's GPUs are no match: the job would wait forever."""
+    today = timezone.localdate()
+    matching = QuotaGrant.objects.filter(
+        tenant=request.tenant,
+        scenario=request.scenario,
+        gpu_model=request.gpu_model,
+        starts_on__lte=today,
+        ends_on__gte=today,
+    )
+    if not matching.exists():
+        raise NoQuota(
+            f"{request.tenant.slug} has no active grant for {request.scenario.slug} "
+            f"on {request.gpu_model.slug}.",
+            extra={"gpu_hours_requested": str(hours)},
+        )
+    grants = list(matching.filter(gpus__gte=request.gpus).order_by("ends_on", "id"))
+    if not grants:
+        largest = max(matching.values_list("gpus", flat=True))
+        raise QuotaExhausted(
+            f"{request.gpus} GPUs asked; the tenant's grants allow at most {largest} at once.",
+            extra={"gpus_requested": request.gpus, "gpus_granted": largest},
+        )
+    for grant in grants:
+        try:
+            return grant_reserve(grant_id=grant.pk, gpu_hours=hours)
+        except QuotaExhausted as exc:
+            exhausted = exc
+    raise exhausted
+
+
+def _earlier(user: AbstractBaseUser, idempotency_key: str, digest: str) -> Job | None:
+    earlier = Job.objects.filter(submitted_by=user, idempotency_key=idempotency_key).first()
+    if earlier is not None and earlier.request_digest != digest:
+        raise Conflict("This Idempotency-Key was used with a different request.")
+    return earlier
+
+
+def job_submit(
+    *, user: AbstractBaseUser, request: JobRequest, idempotency_key: str = "", digest: str = ""
+) -> tuple[Job, bool]:
+    """A QUEUED job with GPUs × walltime reserved on the tenant's grant, admitted at once when
+    its GPUs are free (dispatch follows on commit) or left waiting with reason quota_wait or
+    capacity_wait. Returns (job, created): a repeated Idempotency-Key returns the first job."""
+    if idempotency_key and (earlier := _earlier(user, idempotency_key, digest)):
+        return earlier, False
+    try:
+        return _submit(user=user, request=request, idempotency_key=idempotency_key, digest=digest), True
+    except IntegrityError:
+        # The same key from the same user at the same instant: the other request won, and this
+        # one's transaction (its reservation included) rolled back whole.
+        earlier = _earlier(user, idempotency_key, digest) if idempotency_key else None
+        if earlier is None:
+            raise
+        return earlier, False
+
+
+@transaction.atomic
+def _submit(*, user: AbstractBaseUser, request: JobRequest, idempotency_key: str, digest: str) -> Job:
+    if request.tenant.state != TenantState.ACTIVE:
+        raise TenantSuspended(f"Tenant {request.tenant.slug} is suspended: it can read but not submit.")
+    _check_env(request.env)
+    partition = _pick_partition(request)
+    _check_shape(request, partition)
+    script = _script(request, partition)
+    # Lock order: the partition first (admission serializes on it), then the grant.
+    partition = Partition.objects.select_for_update().select_related("cluster").get(pk=partition.pk)
+    hours = (Decimal(request.gpus * request.walltime_minutes) / 60).quantize(Decimal("0.01"), ROUND_CEILING)
+    grant = _reserve(request, hours)
+    cpus = min(request.scenario.cpus_per_gpu, partition.max_cpus_per_gpu or math.inf)
+    mem = min(request.scenario.mem_per_gpu_mb, partition.max_mem_per_gpu_mb or math.inf)
+    job = Job.objects.create(
+        tenant=request.tenant,
+        submitted_by=user,
+        name=request.name,
+        scenario=request.scenario,
+        gpu_model=request.gpu_model,
+        grant=grant,
+        cluster=partition.cluster,
+        partition=partition,
+        gpus=request.gpus,
+        nodes=request.nodes,
+        walltime_minutes=request.walltime_minutes,
+        priority=_priority(request),
+        cpus_per_gpu=cpus,
+        mem_per_gpu_mb=mem,
+        env={**request.scenario.env, **request.env},
+        script=script,
+        template=request.template,
+        parameters=request.parameters,
+        reserved_gpu_hours=hours,
+        idempotency_key=idempotency_key,
+        request_digest=digest,
+    )
+    JobEvent.objects.create(job=job, from_state="", to_state=JobState.QUEUED, reason="submitted")
+    audit_record(
+        actor=user,
+        action="job.submit",
+        target=job,
+        tenant=request.tenant,
+        data={"gpus": job.gpus, "gpu_model": request.gpu_model.slug, "gpu_hours_reserved": str(hours)},
+    )
+    _admit(partition)
+    job.refresh_from_db()
+    return job
+
+
+# --- Admission
+
+
+def _admit(partition: Partition) -> list[int]:
+    """Give free GPUs to waiting jobs in admission order; the caller holds the partition lock.
+
+    A job held back by its own tenant (a full grant, a suspended tenant, an ended grant) is
+    skipped; the first that waits for the partition's capacity stops the line."""
+    waiting = admission.waiting_on(partition.pk)
+    # Every grant this pass may touch, locked in one statement in id order: two admissions on
+    # partitions that share a grant then queue on it instead of deadlocking.
+    locked = (
+        QuotaGrant.objects.select_for_update().filter(pk__in={j.grant_id for j in waiting}).order_by("pk")
+    )
+    grants = {grant.pk: grant for grant in locked}
+    today = timezone.localdate()
+    free = partition.gpus_total - admission.gpus_held_on(partition.pk)
+    admitted = []
+    for job in admission.admission_order(waiting):
+        before = job.reason
+        grant = grants[job.grant_id]
+        if job.tenant.state != TenantState.ACTIVE:
+            job.reason = "tenant_suspended"
+        elif not grant.is_active_on(today):
+            job.reason = "grant_ended"
+        elif grant.gpus_in_use + job.gpus > grant.gpus:
+            job.reason = admission.QUOTA_WAIT
+        elif job.gpus > free:
+            job.reason = admission.CAPACITY_WAIT
+            free = 0  # strict order: nobody passes a job that waits for capacity
+        elif not grant_take_gpus(grant_id=job.grant_id, gpus=job.gpus):
+            job.reason = admission.QUOTA_WAIT
+        else:
+            grant.gpus_in_use += job.gpus
+            free -= job.gpus
+            job.holds_gpus, job.reason = True, ""
+            admitted.append(job.pk)
+        if job.holds_gpus or job.reason != before:
+            job.save(update_fields=["reason", "holds_gpus"])
+    for job_id in admitted:
+        _send("jobs.tasks.dispatch_job", job_id=job_id)
+    return admitted
+
+
+@transaction.atomic
+def jobs_admit(*, partition_id: int) -> list[int]:
+    """Admit what fits on the partition now; returns the admitted job ids."""
+    return _admit(Partition.objects.select_for_update().select_related("cluster").get(pk=partition_id))
