@@ -119,6 +119,9 @@ class Cluster(models.Model):
     k8s_token = models.TextField(blank=True)
     kubeconfig = models.TextField(blank=True)
     uses_kueue = models.BooleanField(default=False)
+    k8s_image = models.CharField(
+        max_length=255, default="docker.io/library/python:3.11-slim", help_text=_("Container image of jobs")
+    )
     # Local: GPUs on the portal's own machine; 0 means "as many as nvidia-smi finds".
     local_gpus = models.PositiveIntegerField(default=0)
     # Health, as the last check saw it.

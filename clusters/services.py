@@ -25,6 +25,7 @@ def cluster_config(cluster: Cluster) -> ClusterConfig:
         k8s_token=cluster.k8s_token,
         kubeconfig=cluster.kubeconfig,
         uses_kueue=cluster.uses_kueue,
+        k8s_image=cluster.k8s_image,
         local_gpus=cluster.local_gpus,
         state_dir=str(settings.VAR_DIR / "local-cluster" / cluster.slug),
     )

@@ -170,3 +170,18 @@ def test_the_console_hands_a_tenant_from_one_owner_to_another_in_one_save(client
     assert response.status_code == 302
     assert Membership.objects.get(user=heir).role == Role.OWNER
     assert Membership.objects.get(user=owner).role == Role.MANAGER
+
+
+def test_a_cancelled_job_the_scheduler_forgot_is_cancelled_at_once(
+    client_for, member, partition, tenant, catalog
+):
+    """Kubernetes forgets a Job once its foreground delete is done: no LOST, no grace period."""
+    grant = grant_for(tenant, catalog)
+    job_id = client_for(member).post("/api/v1/jobs/", job_body(), format="json").json()["id"]
+    Job.objects.filter(pk=job_id).update(
+        state=JobState.CANCELLING, backend_id="local-999", submitted_at=timezone.now()
+    )
+    jobs_poll(cluster_id=partition.cluster_id)
+    assert Job.objects.get(pk=job_id).state == "CANCELLED"
+    grant.refresh_from_db()
+    assert (grant.gpu_hours_reserved, grant.gpus_in_use) == (0, 0)

@@ -59,6 +59,12 @@ class ClusterConfig:
     uses_kueue: bool = False
     local_gpus: int = 0
     state_dir: str = ""  # local backend: where it keeps job files and pid records
+    # kubernetes backend: the default container image of a job; the ClusterQueue that tenants'
+    # LocalQueues feed (Kueue clusters); ttlSecondsAfterFinished of Jobs; count/jobs.batch per tenant
+    k8s_image: str = "docker.io/library/python:3.11-slim"
+    k8s_kueue_cluster_queue: str = "portal"
+    k8s_job_ttl_s: int = 86_400
+    k8s_max_jobs_per_tenant: int = 500
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,7 @@ class JobSpec:
     cpus_per_gpu: int = 4
     mem_per_gpu_mb: int = 16_000
     labels: dict[str, str] = field(default_factory=dict)  # tenant, job id, scenario
+    image: str = ""  # kubernetes: the container image; "" takes the cluster's k8s_image
 
     @property
     def gpus(self) -> int:

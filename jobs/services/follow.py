@@ -32,7 +32,7 @@ def jobs_poll(*, cluster_id: int) -> int:
     """One poll of one cluster for all its active jobs; returns how many changed state."""
     cluster = Cluster.objects.get(pk=cluster_id)
     active = Job.objects.filter(cluster=cluster, state__in=ACTIVE_IN_SCHEDULER).exclude(backend_id="")
-    jobs = {row[0]: row[1:] for row in active.values_list("backend_id", "pk", "submitted_at")}
+    jobs = {row[0]: row[1:] for row in active.values_list("backend_id", "pk", "submitted_at", "state")}
     if not jobs:
         return 0
     try:
@@ -43,15 +43,24 @@ def jobs_poll(*, cluster_id: int) -> int:
     if not cluster.healthy:
         cluster_mark_health(cluster=cluster, healthy=True, detail="answers")
     moved = sum(job_apply_status(job_id=jobs[bid][0], status=status) for bid, status in statuses.items())
-    # Gone from the scheduler with no record, past a grace period for its bookkeeping to catch
-    # up: LOST, and its reservation and GPUs go back to the grant.
+    # Gone from the scheduler: a job we were cancelling is cancelled (Kubernetes forgets a
+    # deleted Job); any other, past a grace period for the scheduler's bookkeeping to catch up,
+    # is LOST. Either way its reservation and GPUs go back to the grant.
     grace = timezone.now() - timedelta(seconds=settings.JOB_LOST_GRACE_S)
-    for backend_id, (pk, submitted_at) in jobs.items():
-        if backend_id not in statuses and submitted_at and submitted_at < grace:
-            lost = JobStatus(
+    for backend_id, (pk, submitted_at, state) in jobs.items():
+        if backend_id in statuses:
+            continue
+        if state == JobState.CANCELLING:
+            gone = JobStatus(
+                backend_id=backend_id, state=JobState.CANCELLED, raw_state="", reason="cancelled"
+            )
+        elif submitted_at and submitted_at < grace:
+            gone = JobStatus(
                 backend_id=backend_id, state=JobState.LOST, raw_state="", reason="unknown to the scheduler"
             )
-            moved += job_finish(job_id=pk, status=lost)
+        else:
+            continue
+        moved += job_finish(job_id=pk, status=gone)
     return moved
 
 

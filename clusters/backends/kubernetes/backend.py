@@ -1,0 +1,385 @@
+"""KubernetesBackend: jobs as batch/v1 Jobs, tenants as namespaces (DESIGN.md, Backends).
+
+backend id = "<namespace>/pj-<token>". submit creates the Job (and, for several nodes, the
+headless Service of its rendezvous); a retry that meets 409 AlreadyExists adopts the Job that
+carries the same token. poll lists Jobs by label, once, whatever the number of jobs, plus at
+most one pods list and one events list. cancel deletes the Job with foreground propagation: while
+Kubernetes deletes its pods the Job still exists, with a deletionTimestamp, and poll reports it
+CANCELLED; once it is gone poll leaves it out, like any Job the cluster no longer knows (the
+portal's LOST after its grace period), so a cancelled job is CANCELLED when a poll ran during the
+deletion (seconds: the pods' termination grace).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
+
+from clusters.backends.base import (
+    BackendError,
+    ClusterConfig,
+    Health,
+    JobRef,
+    JobSpec,
+    JobStatus,
+    LogTail,
+    PartitionInfo,
+    TenantLimits,
+)
+from clusters.backends.kubernetes import states
+from clusters.backends.kubernetes.client import Api, api_client
+from clusters.backends.kubernetes.manifests import (
+    COMPLETION_INDEX_KEY,
+    CONTAINER,
+    GPU_RESOURCES,
+    JOB_PREFIX,
+    LABEL_TOKEN,
+    MANAGED_BY,
+    MANAGED_BY_KEY,
+    MANAGED_SELECTOR,
+    backend_id,
+    check_token,
+    job_manifest,
+    job_name,
+    parse_backend_id,
+    rendezvous_service_manifest,
+    tenant_manifests,
+)
+
+logger = logging.getLogger(__name__)
+
+PLURALS = {
+    "Namespace": "namespaces",
+    "ResourceQuota": "resourcequotas",
+    "LimitRange": "limitranges",
+    "Service": "services",
+    "Job": "jobs",
+    "NetworkPolicy": "networkpolicies",
+    "PriorityClass": "priorityclasses",
+    "LocalQueue": "localqueues",
+    "WorkloadPriorityClass": "workloadpriorityclasses",
+}
+FAILED_CREATE = "involvedObject.kind=Job,reason=FailedCreate"
+LOG_ATTEMPTS = 3  # log reads: each bounded by max_bytes; fewer lines when the lines are long
+
+
+def path(api_version: str, plural: str, namespace: str = "", name: str = "") -> str:
+    """The REST path of a collection or an object; the names in it are checked DNS names."""
+    root = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    return (
+        root + (f"/namespaces/{namespace}" if namespace else "") + f"/{plural}" + (f"/{name}" if name else "")
+    )
+
+
+def contains(actual: Any, desired: Any) -> bool:
+    """Whether `actual` (what the server holds) already has everything `desired` sets."""
+    if isinstance(desired, dict):
+        if not desired:
+            return actual in (None, {})
+        return isinstance(actual, dict) and all(contains(actual.get(k), v) for k, v in desired.items())
+    if isinstance(desired, list):
+        if not desired:
+            return actual in (None, [])
+        return (
+            isinstance(actual, list) and len(actual) == len(desired) and all(map(contains, actual, desired))
+        )
+    if isinstance(desired, bool) or isinstance(actual, bool):
+        return actual is desired
+    return actual == desired or (actual is not None and str(actual) == str(desired))
+
+
+def overlay(current: dict, desired: dict) -> dict:
+    """The object to PUT: the server's, with our labels and annotations merged in and our other
+    top-level fields (spec, value…) in place of its own."""
+    merged = copy.deepcopy(current)
+    meta, wanted = merged.setdefault("metadata", {}), desired.get("metadata", {})
+    for key in ("labels", "annotations"):
+        if wanted.get(key):
+            meta[key] = {**(meta.get(key) or {}), **wanted[key]}
+    for key, value in desired.items():
+        if key not in ("apiVersion", "kind", "metadata", "status"):
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+class KubernetesBackend:
+    """The official client against one cluster's API server."""
+
+    def __init__(self, config: ClusterConfig, *, connect_timeout_s: float = 5, request_timeout_s: float = 30):
+        self.config = config
+        self.timeout = (connect_timeout_s, request_timeout_s)
+        self._api: Api | None = None
+
+    @property
+    def api(self) -> Api:
+        if self._api is None:
+            self._api = Api(api_client(self.config), self.timeout)
+        return self._api
+
+    def _list(
+        self, what: str, plural: str, namespaces: set[str], api_version: str = "v1", **query: Any
+    ) -> list:
+        """One list call: in the namespace when there is one, across all of them otherwise."""
+        namespace = next(iter(namespaces)) if len(namespaces) == 1 else ""
+        _status, body = self.api.request(what, "GET", path(api_version, plural, namespace), query=query)
+        return body.get("items") or []
+
+    # ------------------------------------------------------------------- jobs --
+    def submit(self, spec: JobSpec) -> str:
+        manifest = job_manifest(spec, self.config)
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        what = f"create Job {namespace}/{name}"
+        status, job = self.api.request(
+            what, "POST", path("batch/v1", "jobs", namespace), body=manifest, allow=(404, 409)
+        )
+        if status == 404:
+            raise BackendError(
+                f"{what}: namespace {namespace} does not exist: apply the tenant to the cluster first"
+            )
+        if status == 409:  # an earlier attempt created it: adopt it if it is this job's
+            _status, job = self.api.request(
+                f"read Job {namespace}/{name}", "GET", path("batch/v1", "jobs", namespace, name)
+            )
+            if (job["metadata"].get("labels") or {}).get(LABEL_TOKEN) != spec.token:
+                raise BackendError(f"{what}: a Job of that name exists and is not this job's")
+        self._ensure_rendezvous(job)
+        return backend_id(namespace, name)
+
+    def _ensure_rendezvous(self, job: dict) -> None:
+        """The headless Service of an Indexed Job; created after the Job so that the Job owns it,
+        and again by find() when an earlier attempt stopped between the two."""
+        if (job.get("spec") or {}).get("completionMode") != "Indexed":
+            return
+        meta = job["metadata"]
+        service = rendezvous_service_manifest(
+            meta["namespace"], meta["name"], meta.get("labels") or {}, meta.get("uid", "")
+        )
+        what = f"create Service {meta['namespace']}/{meta['name']}"
+        self.api.request(what, "POST", path("v1", "services", meta["namespace"]), body=service, allow=(409,))
+
+    def find(self, token: str) -> str | None:
+        name = job_name(token)
+        jobs = self._list(
+            "find Job", "jobs", set(), "batch/v1", labelSelector=f"{LABEL_TOKEN}={check_token(token)}"
+        )
+        for job in jobs:
+            if job["metadata"]["name"] == name:
+                self._ensure_rendezvous(job)
+                return backend_id(job["metadata"]["namespace"], name)
+        return None
+
+    def poll(self, backend_ids: list[str]) -> dict[str, JobStatus]:
+        """One Jobs list by label; one pods list when a Job's pods can tell more; one events list
+        when a Job has no pods yet. Three calls at most, whatever the number of jobs."""
+        wanted = {parse_backend_id(bid) for bid in backend_ids}
+        if not wanted:
+            return {}
+        namespaces = {namespace for namespace, _name in wanted}
+        found = {
+            key: job
+            for job in self._list("list Jobs", "jobs", namespaces, "batch/v1", labelSelector=MANAGED_SELECTOR)
+            if (key := (job["metadata"].get("namespace", ""), job["metadata"]["name"])) in wanted
+        }
+        pods: dict[tuple[str, str], list[dict]] = {}
+        if any(states.needs_pods(job) for job in found.values()):
+            for pod in self._list("list pods", "pods", namespaces, labelSelector=MANAGED_SELECTOR):
+                token = (pod["metadata"].get("labels") or {}).get(LABEL_TOKEN, "")
+                pods.setdefault((pod["metadata"].get("namespace", ""), JOB_PREFIX + token), []).append(pod)
+        events: dict[tuple[str, str], list[dict]] = {}
+        if any(states.needs_events(job, pods.get(key, [])) for key, job in found.items()):
+            for event in self._list("list events", "events", namespaces, fieldSelector=FAILED_CREATE):
+                target = event.get("involvedObject") or {}
+                if target.get("kind") == "Job" and event.get("reason") == "FailedCreate":
+                    events.setdefault((target.get("namespace", ""), target.get("name", "")), []).append(event)
+        return {
+            backend_id(*key): states.job_status(job, pods.get(key, []), events.get(key, []))
+            for key, job in found.items()
+        }
+
+    def cancel(self, backend_id: str) -> None:
+        namespace, name = parse_backend_id(backend_id)
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground"}
+        self.api.request(
+            f"delete Job {backend_id}",
+            "DELETE",
+            path("batch/v1", "jobs", namespace, name),
+            query={"propagationPolicy": "Foreground"},
+            body=body,
+            allow=(404,),  # gone already
+        )
+
+    def log_tail(self, job: JobRef, *, lines: int, max_bytes: int) -> LogTail:
+        """The log of the job's pod (pod 0 of an Indexed Job), at most max_bytes per read. The
+        API server's limitBytes keeps the first bytes of the tail asked for, so when the lines
+        are too long for the limit, the tail is asked again with fewer lines."""
+        namespace, name = parse_backend_id(job.backend_id)
+        if lines <= 0 or max_bytes <= 0:
+            return LogTail(lines=[], truncated=False)
+        token = name.removeprefix(JOB_PREFIX)
+        pods = self._list("list pods", "pods", {namespace}, labelSelector=f"{LABEL_TOKEN}={token}")
+        pods = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_TOKEN) == token]
+        if not pods:
+            return LogTail(lines=[], truncated=False)
+
+        def rank(pod: dict) -> tuple:
+            meta = pod["metadata"]
+            index = (meta.get("annotations") or {}).get(COMPLETION_INDEX_KEY) or (
+                meta.get("labels") or {}
+            ).get(COMPLETION_INDEX_KEY, "0")
+            return (index == "0", meta.get("creationTimestamp") or "")
+
+        pod_name = max(pods, key=rank)["metadata"]["name"]
+        tail, what = lines + 1, f"read the log of pod {namespace}/{pod_name}"
+        for attempt in range(1, LOG_ATTEMPTS + 1):
+            query = {"container": CONTAINER, "tailLines": tail, "limitBytes": max_bytes}
+            status, response = self.api.request(
+                what,
+                "GET",
+                path("v1", "pods", namespace, f"{pod_name}/log"),
+                query=query,
+                allow=(400, 404),
+                stream=True,
+            )
+            if status in (400, 404):  # the container has not started, or the pod is gone
+                return LogTail(lines=[], truncated=False)
+            try:
+                data = response.read(max_bytes + 1)  # whatever the server does with limitBytes
+            finally:
+                response.release_conn()
+            capped = len(data) >= max_bytes
+            text = data[:max_bytes].decode(errors="replace").splitlines()
+            if capped and len(text) > 1:
+                text = text[:-1]  # the last line was cut by the limit
+            if not capped or tail == 1 or attempt == LOG_ATTEMPTS:
+                keep = text[-lines:]
+                return LogTail(lines=keep, truncated=capped or len(text) > lines or tail <= lines)
+            tail = max(1, min(tail - 1, len(text)))  # as many lines as fitted, from the end this time
+        raise AssertionError("unreachable")
+
+    # ----------------------------------------------------------------- cluster --
+    def inventory(self) -> list[PartitionInfo]:
+        """A partition per GPU product label value: nodes, GPUs per node, and free GPUs =
+        allocatable − GPUs requested by the pods of the node that have not ended (one nodes list,
+        one pods list). A node that is not Ready or is cordoned has none free."""
+        nodes = self._list("list nodes", "nodes", set())
+        active = "status.phase!=Succeeded,status.phase!=Failed"
+        used: dict[tuple[str, str], float] = {}
+        for pod in self._list("list pods", "pods", set(), fieldSelector=active):
+            node = (pod.get("spec") or {}).get("nodeName")
+            if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            for container in (pod.get("spec") or {}).get("containers") or []:
+                resources = container.get("resources") or {}
+                amounts = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+                for resource in GPU_RESOURCES:
+                    if resource in amounts:
+                        used[(node, resource)] = used.get((node, resource), 0) + float(
+                            parse_quantity(amounts[resource])
+                        )
+        partitions: dict[str, PartitionInfo] = {}
+        for node in nodes:
+            meta, status = node["metadata"], node.get("status") or {}
+            ready = any(
+                c.get("type") == "Ready" and str(c.get("status")) == "True"
+                for c in status.get("conditions") or []
+            ) and not (node.get("spec") or {}).get("unschedulable")
+            for resource, label in GPU_RESOURCES.items():
+                product = (meta.get("labels") or {}).get(label)
+                capacity = int(parse_quantity((status.get("capacity") or {}).get(resource, "0")))
+                if not product or capacity <= 0:
+                    continue
+                allocatable = int(parse_quantity((status.get("allocatable") or {}).get(resource, "0")))
+                free = max(allocatable - int(used.get((meta["name"], resource), 0)), 0) if ready else 0
+                info = partitions.get(product) or PartitionInfo(product, product, 0, 0, 0, None)
+                partitions[product] = PartitionInfo(
+                    product,
+                    product,
+                    max(info.gpus_per_node, capacity),
+                    info.nodes + 1,
+                    info.gpus_free + free,
+                    None,
+                )
+        return sorted(partitions.values(), key=lambda info: info.name)
+
+    def apply_tenant(self, limits: TenantLimits) -> None:
+        """Read each object, create what is missing, replace what differs: a second run with the
+        same limits only reads."""
+        no_workload_priorities = False
+        for manifest in tenant_manifests(limits, self.config):
+            if not (no_workload_priorities and manifest["kind"] == "WorkloadPriorityClass"):
+                no_workload_priorities |= self._ensure(manifest) == "missing"
+
+    def _ensure(self, desired: dict) -> str:
+        kind, meta = desired["kind"], desired["metadata"]
+        namespace, name = meta.get("namespace", ""), meta["name"]
+        collection = path(desired["apiVersion"], PLURALS[kind], namespace)
+        where = f"{kind} {namespace + '/' if namespace else ''}{name}"
+        status, current = self.api.request(f"read {where}", "GET", f"{collection}/{name}", allow=(404,))
+        if status == 404:
+            status, current = self.api.request(
+                f"create {where}", "POST", collection, body=desired, allow=(404, 409)
+            )
+            if status == 404:  # the resource type itself is unknown: Kueue's CRDs
+                if kind == "WorkloadPriorityClass":
+                    # a Kueue before WorkloadPriorityClass ignores the Jobs' priority-class label
+                    logger.warning("cluster %s: Kueue serves no WorkloadPriorityClass", self.config.slug)
+                    return "missing"
+                raise BackendError(
+                    f"create {where}: the API server does not serve {desired['apiVersion']} {kind}"
+                )
+            if status != 409:
+                return "created"
+            _status, current = self.api.request(f"read {where}", "GET", f"{collection}/{name}")
+        if (
+            kind == "Namespace"
+            and (current["metadata"].get("labels") or {}).get(MANAGED_BY_KEY) != MANAGED_BY
+        ):
+            raise BackendError(
+                f"namespace {name} exists and is not the portal's: label it {MANAGED_BY_KEY}={MANAGED_BY} "
+                "to hand it over, or rename the tenant"
+            )
+        if kind in ("PriorityClass", "WorkloadPriorityClass") and current.get("value") != desired["value"]:
+            # immutable: keep the cluster's value, say so
+            logger.warning(
+                "cluster %s: %s %s has value %s, not %s",
+                self.config.slug,
+                kind,
+                name,
+                current.get("value"),
+                desired["value"],
+            )
+            desired = {
+                **desired,
+                "value": current.get("value"),
+                "preemptionPolicy": current.get("preemptionPolicy"),
+            }
+            desired = {key: value for key, value in desired.items() if value is not None}
+        stale = not contains(current, desired)
+        if kind == "ResourceQuota":  # its hard limits are ours alone: exactly these
+            stale = stale or set((current.get("spec") or {}).get("hard") or {}) != set(
+                desired["spec"]["hard"]
+            )
+        if not stale:
+            return "unchanged"
+        self.api.request(f"update {where}", "PUT", f"{collection}/{name}", body=overlay(current, desired))
+        return "updated"
+
+    def health(self) -> Health:
+        """GET /version, then one Jobs list (limit 1): the API server answers, and it accepts the
+        portal's credentials and lets it list Jobs."""
+        try:
+            _status, version = self.api.request("read /version", "GET", "/version")
+            self.api.request(
+                "list Jobs",
+                "GET",
+                path("batch/v1", "jobs"),
+                query={"limit": 1, "labelSelector": MANAGED_SELECTOR},
+            )
+        except BackendError as exc:  # BackendUnavailable included
+            return Health(False, str(exc)[:300])
+        except Exception as exc:  # health() never raises: it is what tells admins what broke
+            return Health(False, f"{type(exc).__name__}")
+        return Health(True, f"Kubernetes {version.get('gitVersion', '?')}"[:200])

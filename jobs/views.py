@@ -1,0 +1,311 @@
+"""Pages of a tenant's jobs: the dashboard, the job list, the job page and its cancel button.
+
+The same rule as jobs/api.py: parse, scope through jobs_visible_to(), check the role, call one
+service, render. The live parts are htmx fragments that poll every few seconds while a job
+shown is active, and stop polling (their re-render carries no trigger) once all have ended."""
+
+from datetime import timedelta
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, QueryDict
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.cache import patch_vary_headers
+from django.utils.translation import gettext as _
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_POST
+
+from clusters.selectors import scenario_list
+from jobs import services
+from jobs.filters import JobFilter
+from jobs.models import Job, JobEvent, JobState
+from jobs.selectors import job_is_own_or_managed, jobs_visible_to, usage_of
+from jobs.states import END_STATES
+from portal.core.errors import Conflict, PortalError, Unavailable
+from tenants.models import Tenant
+from tenants.selectors import grants_visible_to, members_of
+from tenants.views import error_message, grant_rows, tenant_context, tenant_or_404
+
+PAGE_ROWS = 50
+LOG_LINES = 200
+USAGE_DAYS = 30
+RECENT_EVENTS = 10
+DASHBOARD_JOBS = 20
+ACTIVE_STATES = [state for state in JobState.values if state not in END_STATES]
+# The filters the list offers as controls; the API's other filters (cluster, dates) work too.
+FILTER_KEYS = ("state", "scenario", "submitted_by")
+
+
+def _is_htmx(request: HttpRequest) -> bool:
+    return request.headers.get("HX-Request") == "true"
+
+
+def _vary(response: HttpResponse) -> HttpResponse:
+    patch_vary_headers(response, ["HX-Request"])
+    return response
+
+
+def _job_or_404(request: HttpRequest, tenant: Tenant, job_id: int) -> Job:
+    return get_object_or_404(jobs_visible_to(user=request.user).filter(tenant=tenant), pk=job_id)
+
+
+def job_events_of(request: HttpRequest, tenant: Tenant):
+    """The tenant's latest job events, newest first, scoped like the jobs themselves."""
+    visible = jobs_visible_to(user=request.user).filter(tenant=tenant).values("id")
+    return (
+        JobEvent.objects.filter(job_id__in=visible)
+        .select_related("job")
+        .only("at", "from_state", "to_state", "reason", "job__id", "job__name")
+        .order_by("-id")
+    )
+
+
+# --- The job rows: the list page, the dashboard, and the fragment that refreshes them
+
+
+def _int_param(request: HttpRequest, name: str) -> int | None:
+    value = request.GET.get(name, "")
+    return int(value) if value.isdigit() else None
+
+
+def _rows_page(jobs, *, before: int | None, after: int | None, limit: int) -> tuple[list[Job], dict]:
+    """One page of at most `limit` jobs, newest first, by keyset on the id (an indexed, unique key)."""
+    if after is not None:
+        rows = list(jobs.filter(pk__gt=after).order_by("id")[: limit + 1])
+        newer = rows[limit - 1].pk if len(rows) > limit else None
+        rows = rows[:limit][::-1]
+        older = rows[-1].pk if rows else None
+    else:
+        if before is not None:
+            jobs = jobs.filter(pk__lt=before)
+        rows = list(jobs.order_by("-id")[: limit + 1])
+        older = rows[limit - 1].pk if len(rows) > limit else None
+        rows = rows[:limit]
+        newer = rows[0].pk if rows and before is not None else None
+    return rows, {"older": older, "newer": newer}
+
+
+def rows_context(request: HttpRequest, tenant: Tenant, jobs, *, query: QueryDict, limit: int) -> dict:
+    """The rows, whether any is active (then the fragment polls), and the fragment's URL."""
+    before, after = _int_param(request, "before"), _int_param(request, "after")
+    rows, paging = _rows_page(jobs, before=before, after=after, limit=limit)
+    return {
+        "jobs": rows,
+        "paging": paging,
+        "any_active": any(job.state not in END_STATES for job in rows),
+        "rows_url": f"{reverse('job-rows', args=[tenant.slug])}?{query.urlencode()}",
+    }
+
+
+def _filtered(request: HttpRequest, tenant: Tenant) -> tuple[JobFilter, QueryDict]:
+    """The API's JobFilter over the tenant's jobs; the tenant comes from the URL, not the query."""
+    params = request.GET.copy()
+    params.pop("tenant", None)
+    query = params.copy()
+    states = query.getlist("state")
+    if "active" in states:  # the list's "waiting or running" choice: every state before an end
+        query.setlist("state", [s for s in states if s != "active"] + ACTIVE_STATES)
+    filterset = JobFilter(query, queryset=jobs_visible_to(user=request.user).filter(tenant=tenant))
+    return filterset, params
+
+
+def _list_page_query(params: QueryDict, **change) -> str:
+    query = params.copy()
+    for key in ("before", "after"):
+        query.pop(key, None)
+    for key, value in change.items():
+        query[key] = value
+    return query.urlencode()
+
+
+@login_required
+@require_GET
+def job_list(request: HttpRequest, slug: str) -> HttpResponse:
+    tenant = tenant_or_404(request, slug)
+    filterset, params = _filtered(request, tenant)
+    valid = filterset.is_valid()
+    jobs = filterset.qs if valid else Job.objects.none()
+    context = tenant_context(request, tenant) | rows_context(
+        request, tenant, jobs, query=params, limit=PAGE_ROWS
+    )
+    paging = context["paging"]
+    selected_users = params.getlist("submitted_by")
+    members = [m.user.username for m in members_of(tenant=tenant).order_by("user__username")]
+    context |= {
+        "section": "jobs",
+        "filter_errors": [] if valid else [str(e) for errors in filterset.errors.values() for e in errors],
+        "states": JobState.choices,
+        "scenarios": scenario_list().only("slug", "name"),
+        "submitters": members + [u for u in selected_users if u and u not in members],
+        "selected": {key: params.getlist(key) for key in FILTER_KEYS},
+        "filtered": any(value for key in FILTER_KEYS for value in params.getlist(key)),
+        "older_query": _list_page_query(params, before=paging["older"]) if paging["older"] else None,
+        "newer_query": _list_page_query(params, after=paging["newer"]) if paging["newer"] else None,
+    }
+    return render(request, "jobs/list.html", context)
+
+
+@never_cache
+@login_required
+@require_GET
+def job_rows(request: HttpRequest, slug: str) -> HttpResponse:
+    """The rows alone, for htmx to swap in place of the table body every few seconds."""
+    tenant = tenant_or_404(request, slug)
+    filterset, params = _filtered(request, tenant)
+    jobs = filterset.qs if filterset.is_valid() else Job.objects.none()
+    limit = PAGE_ROWS if request.GET.get("view") != "dashboard" else DASHBOARD_JOBS
+    context = {"tenant": tenant} | rows_context(request, tenant, jobs, query=params, limit=limit)
+    return _vary(render(request, "jobs/_rows.html", context | {"compact": limit == DASHBOARD_JOBS}))
+
+
+# --- The dashboard
+
+
+def _usage_series(rows: list[dict], start, days: int) -> dict:
+    by_day = {row["key"]: row["gpu_hours"] for row in rows}
+    labels = [(start + timedelta(days=i)).isoformat() for i in range(days)]
+    return {
+        "labels": labels,
+        "values": [round(by_day.get(day, 0.0), 2) for day in labels],
+        "label": _("GPU-hours"),
+    }
+
+
+@login_required
+@require_GET
+def dashboard(request: HttpRequest, slug: str) -> HttpResponse:
+    """Per grant its bars, the running and waiting jobs, 30 days of usage, the latest events."""
+    tenant = tenant_or_404(request, slug)
+    today = timezone.localdate()
+    grants = (
+        grants_visible_to(user=request.user).filter(tenant=tenant, ends_on__gte=today).order_by("ends_on")
+    )
+    start = today - timedelta(days=USAGE_DAYS - 1)
+    usage = usage_of(user=request.user, tenant_slug=tenant.slug, start=start, end=today, group_by="day")
+    series = _usage_series(usage, start, USAGE_DAYS)
+    active = jobs_visible_to(user=request.user).filter(tenant=tenant, state__in=ACTIVE_STATES)
+    query = QueryDict(mutable=True)
+    query["state"] = "active"
+    query["view"] = "dashboard"
+    context = tenant_context(request, tenant) | rows_context(
+        request, tenant, active, query=query, limit=DASHBOARD_JOBS
+    )
+    query.pop("view")
+    context |= {
+        "section": "dashboard",
+        "compact": True,
+        "grant_rows": grant_rows(grants, today),
+        "usage": series,
+        "usage_rows": list(zip(series["labels"], series["values"], strict=True)),
+        "usage_total": round(sum(series["values"]), 2),
+        "events": job_events_of(request, tenant)[:RECENT_EVENTS],
+        "active_query": query.urlencode(),
+    }
+    return render(request, "jobs/dashboard.html", context)
+
+
+# --- One job
+
+
+def _live_context(request: HttpRequest, job: Job) -> dict:
+    ended = job.state in END_STATES
+    detailed = job_is_own_or_managed(user=request.user, job=job)
+    elapsed = None
+    if job.started_at:
+        elapsed = (job.finished_at or timezone.now()) - job.started_at
+    return {
+        "job": job,
+        "ended": ended,
+        "detailed": detailed,
+        "can_cancel": detailed and not ended,
+        "events": job.events.all(),
+        "elapsed": _duration(elapsed) if elapsed is not None else None,
+        # Running jobs have no charge yet: GPUs × time so far, shown as an estimate.
+        "gpu_hours_so_far": round(job.gpus * elapsed.total_seconds() / 3600, 2)
+        if elapsed and not ended
+        else None,
+    }
+
+
+def _duration(delta: timedelta) -> str:
+    seconds = max(int(delta.total_seconds()), 0)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02}:{seconds % 60:02}"
+
+
+def _log_context(job: Job) -> dict:
+    ended = job.state in END_STATES
+    try:
+        tail = services.job_log_tail(job=job, lines=LOG_LINES)
+    except Unavailable:
+        if ended:
+            text = _("The output cannot be read from cluster %(cluster)s right now. Reload the page later.")
+        else:
+            text = _("The output cannot be read from cluster %(cluster)s right now. Trying again.")
+        return {"job": job, "ended": ended, "log_error": text % {"cluster": job.cluster.name}}
+    return {"job": job, "ended": ended, "lines": tail.lines, "truncated": tail.truncated}
+
+
+@login_required
+@require_GET
+def job_detail(request: HttpRequest, slug: str, job_id: int) -> HttpResponse:
+    tenant = tenant_or_404(request, slug)
+    job = _job_or_404(request, tenant, job_id)
+    context = tenant_context(request, tenant) | _live_context(request, job) | _log_context(job)
+    return render(request, "jobs/detail.html", context | {"section": "jobs", "log_lines": LOG_LINES})
+
+
+@never_cache
+@login_required
+@require_GET
+def job_live(request: HttpRequest, slug: str, job_id: int) -> HttpResponse:
+    """State, cancel button, resources and timeline: the part of the job page that changes."""
+    tenant = tenant_or_404(request, slug)
+    job = _job_or_404(request, tenant, job_id)
+    return _vary(render(request, "jobs/_live.html", {"tenant": tenant} | _live_context(request, job)))
+
+
+@never_cache
+@login_required
+@require_GET
+def job_log(request: HttpRequest, slug: str, job_id: int) -> HttpResponse:
+    tenant = tenant_or_404(request, slug)
+    job = _job_or_404(request, tenant, job_id)
+    return _vary(
+        render(request, "jobs/_log.html", {"tenant": tenant, "log_lines": LOG_LINES} | _log_context(job))
+    )
+
+
+@login_required
+@require_POST
+def job_cancel(request: HttpRequest, slug: str, job_id: int) -> HttpResponse:
+    """Cancel through jobs.services.job_cancel. A role that may not cancel this job gets 403, even
+    from a hand-made POST; a job that has already ended is a conflict, shown as a message."""
+    tenant = tenant_or_404(request, slug)
+    job = _job_or_404(request, tenant, job_id)
+    if not job_is_own_or_managed(user=request.user, job=job):
+        raise PermissionDenied(_("Your role allows cancelling only your own jobs."))
+    status = 200
+    try:
+        job = services.job_cancel(actor=request.user, job=job)
+    except Conflict as exc:
+        status = 409
+        messages.error(
+            request,
+            _("Job %(id)s has already ended; there is nothing to cancel.") % {"id": job.pk},
+            extra_tags=exc.code,
+        )
+    except PortalError as exc:
+        status = exc.status
+        messages.error(request, error_message(exc), extra_tags=exc.code)
+    else:
+        messages.success(request, _("Job %(id)s: cancellation requested.") % {"id": job.pk})
+    if not _is_htmx(request):
+        return redirect("job-detail", slug=tenant.slug, job_id=job.pk)
+    # htmx swaps the live part in place, and the message out of band into the page's flash area
+    # (a 409 is swapped too: base.html's htmx-config says so).
+    job = _job_or_404(request, tenant, job_id)
+    context = {"tenant": tenant, "flash_oob": True} | _live_context(request, job)
+    return _vary(render(request, "jobs/_live.html", context, status=status))
