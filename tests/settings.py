@@ -18,12 +18,13 @@ os.environ.setdefault("EMAIL_URL", "locmem://")
 from portal.settings import *  # noqa: E402, F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed: hashing is not under test
-# The cache (throttle counters) on its own Redis database, so that a test can clear it without
-# touching the Celery broker's keys on database 15.
+# The cache (throttle counters) on the Redis database below the broker's (14 beside the default
+# 15), so that a test can clear it without touching the broker's keys, nor another run's cache.
+_redis_base, _broker_db = REDIS_URL.rsplit("/", 1)  # noqa: F405
 CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
-        "LOCATION": REDIS_URL.rsplit("/", 1)[0] + "/14",  # noqa: F405
+        "LOCATION": f"{_redis_base}/{int(_broker_db) - 1}",
     }
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
