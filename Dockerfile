@@ -12,8 +12,10 @@ WORKDIR /app
 COPY pyproject.toml ./
 RUN pip install --no-cache-dir -e .
 COPY . .
-# collectstatic needs a key to import settings; this throwaway one never serves a request.
-RUN SECRET_KEY=collectstatic-only-not-a-real-key-000000000 python manage.py collectstatic --noinput -v0 \
+# Building needs a key to import settings; this throwaway one never serves a request.
+RUN export SECRET_KEY=build-only-not-a-real-key-0000000000000 \
+ && python manage.py compilemessages -v0 \
+ && python manage.py collectstatic --noinput -v0 \
  && chown -R portal /var/lib/portal
 
 USER portal

@@ -4,7 +4,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import F, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
-from jobs.models import Job
+from jobs.models import Job, JobEvent
 from tenants import roles
 from tenants.selectors import tenant_ids_visible_to, tenant_perms
 
@@ -12,6 +12,17 @@ from tenants.selectors import tenant_ids_visible_to, tenant_perms
 def jobs_visible_to(*, user: AbstractBaseUser) -> QuerySet[Job]:
     return Job.objects.filter(tenant_id__in=tenant_ids_visible_to(user=user)).select_related(
         "tenant", "scenario", "gpu_model", "cluster", "partition", "submitted_by"
+    )
+
+
+def job_events_of(*, user: AbstractBaseUser, tenant) -> QuerySet[JobEvent]:
+    """The tenant's latest job events, newest first, scoped like the jobs themselves."""
+    visible = jobs_visible_to(user=user).filter(tenant=tenant).values("id")
+    return (
+        JobEvent.objects.filter(job_id__in=visible)
+        .select_related("job")
+        .only("at", "from_state", "to_state", "reason", "job__id", "job__name")
+        .order_by("-id")
     )
 
 

@@ -21,8 +21,8 @@ from django.views.decorators.http import require_GET, require_POST
 from clusters.selectors import scenario_list
 from jobs import services
 from jobs.filters import JobFilter
-from jobs.models import Job, JobEvent, JobState
-from jobs.selectors import job_is_own_or_managed, jobs_visible_to, usage_of
+from jobs.models import Job, JobState
+from jobs.selectors import job_events_of, job_is_own_or_managed, jobs_visible_to, usage_of
 from jobs.states import END_STATES
 from portal.core.errors import Conflict, PortalError, Unavailable
 from tenants.models import Tenant
@@ -50,17 +50,6 @@ def _vary(response: HttpResponse) -> HttpResponse:
 
 def _job_or_404(request: HttpRequest, tenant: Tenant, job_id: int) -> Job:
     return get_object_or_404(jobs_visible_to(user=request.user).filter(tenant=tenant), pk=job_id)
-
-
-def job_events_of(request: HttpRequest, tenant: Tenant):
-    """The tenant's latest job events, newest first, scoped like the jobs themselves."""
-    visible = jobs_visible_to(user=request.user).filter(tenant=tenant).values("id")
-    return (
-        JobEvent.objects.filter(job_id__in=visible)
-        .select_related("job")
-        .only("at", "from_state", "to_state", "reason", "job__id", "job__name")
-        .order_by("-id")
-    )
 
 
 # --- The job rows: the list page, the dashboard, and the fragment that refreshes them
@@ -169,7 +158,7 @@ def _usage_series(rows: list[dict], start, days: int) -> dict:
     labels = [(start + timedelta(days=i)).isoformat() for i in range(days)]
     return {
         "labels": labels,
-        "values": [round(by_day.get(day, 0.0), 2) for day in labels],
+        "values": [round(by_day.get(day, 0.0), 4) for day in labels],
         "label": _("GPU-hours"),
     }
 
@@ -200,8 +189,8 @@ def dashboard(request: HttpRequest, slug: str) -> HttpResponse:
         "grant_rows": grant_rows(grants, today),
         "usage": series,
         "usage_rows": list(zip(series["labels"], series["values"], strict=True)),
-        "usage_total": round(sum(series["values"]), 2),
-        "events": job_events_of(request, tenant)[:RECENT_EVENTS],
+        "usage_total": round(sum(series["values"]), 4),
+        "events": job_events_of(user=request.user, tenant=tenant)[:RECENT_EVENTS],
         "active_query": query.urlencode(),
     }
     return render(request, "jobs/dashboard.html", context)
@@ -220,7 +209,8 @@ def _live_context(request: HttpRequest, job: Job) -> dict:
         "job": job,
         "ended": ended,
         "detailed": detailed,
-        "can_cancel": detailed and not ended,
+        # CANCELLING has been asked for already: the button would only repeat the request.
+        "can_cancel": detailed and not ended and job.state != JobState.CANCELLING,
         "events": job.events.all(),
         "elapsed": _duration(elapsed) if elapsed is not None else None,
         # Running jobs have no charge yet: GPUs × time so far, shown as an estimate.

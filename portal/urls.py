@@ -7,6 +7,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
 from clusters.urls import api_urlpatterns as clusters_api
+from jobs import views as jobs_views
 from jobs.urls import api_urlpatterns as jobs_api
 from portal.core import api as core_api
 from portal.core import errors
@@ -27,6 +28,18 @@ api_v1 = [
     *jobs_api,
 ]
 
+# The researcher portal's pages: everything of a tenant lives under /t/<slug>/.
+pages = [
+    path("t/", tenants_views.tenant_switch, name="tenant-switch"),
+    path("t/<slug:slug>/", jobs_views.dashboard, name="dashboard"),
+    path("t/<slug:slug>/jobs/", jobs_views.job_list, name="job-list"),
+    path("t/<slug:slug>/jobs/rows/", jobs_views.job_rows, name="job-rows"),
+    path("t/<slug:slug>/jobs/<int:job_id>/", jobs_views.job_detail, name="job-detail"),
+    path("t/<slug:slug>/jobs/<int:job_id>/live/", jobs_views.job_live, name="job-live"),
+    path("t/<slug:slug>/jobs/<int:job_id>/log/", jobs_views.job_log, name="job-log"),
+    path("t/<slug:slug>/jobs/<int:job_id>/cancel/", jobs_views.job_cancel, name="job-cancel"),
+]
+
 urlpatterns = [
     path("healthz", core_views.healthz, name="healthz"),
     path("readyz", core_views.readyz, name="readyz"),
@@ -36,6 +49,7 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("i18n/", include("django.conf.urls.i18n")),
     path("", tenants_views.home, name="home"),
+    *pages,
 ]
 
 admin.site.site_header = "GPU portal administration"

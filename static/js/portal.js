@@ -1,0 +1,84 @@
+/* The portal's own script: draws the usage chart, keeps a followed log scrolled to its end,
+   announces a job's state changes to screen readers, and says so when a live update fails.
+   Every page works without it; htmx (static/vendor/htmx) does the live swaps. */
+(function () {
+  "use strict";
+
+  function drawCharts() {
+    if (!window.Chart) return;
+    document.querySelectorAll("canvas[data-chart]").forEach(function (canvas) {
+      if (canvas.dataset.drawn) return;
+      var source = document.getElementById(canvas.dataset.chart);
+      if (!source) return;
+      var data = JSON.parse(source.textContent);
+      canvas.dataset.drawn = "1";
+      new window.Chart(canvas, {
+        type: "bar",
+        data: {
+          labels: data.labels.map(function (day) { return day.slice(5); }),
+          datasets: [{ label: data.label, data: data.values, backgroundColor: "#2f6fbd", borderRadius: 3, maxBarThickness: 18 }],
+        },
+        options: {
+          responsive: true,
+          maintainAspectRatio: false,
+          animation: false,
+          plugins: {
+            legend: { display: false },
+            tooltip: { callbacks: { title: function (items) { return data.labels[items[0].dataIndex]; } } },
+          },
+          scales: {
+            y: { beginAtZero: true, suggestedMax: 1, title: { display: true, text: data.label, color: "#57606a" }, ticks: { color: "#57606a", maxTicksLimit: 6 }, grid: { color: "#e4e9ef" } },
+            x: { grid: { display: false }, ticks: { color: "#57606a", maxRotation: 0, autoSkip: true, maxTicksLimit: 10 } },
+          },
+        },
+      });
+    });
+  }
+
+  // A log the reader has scrolled up in stays put; one at its end follows new lines.
+  var logAtEnd = true;
+  function scrollLogs() {
+    document.querySelectorAll("pre.log").forEach(function (pre) {
+      if (logAtEnd) pre.scrollTop = pre.scrollHeight;
+    });
+  }
+
+  function announceState() {
+    var announcer = document.getElementById("job-announcer");
+    var state = document.getElementById("job-state");
+    if (!announcer || !state) return;
+    var text = announcer.dataset.prefix + " " + state.textContent.trim();
+    if (announcer.dataset.last && announcer.dataset.last !== text) announcer.textContent = text;
+    announcer.dataset.last = text;
+  }
+
+  function liveError(kind) {
+    var box = document.getElementById("live-error");
+    if (!box) return;
+    if (kind) {
+      box.textContent = box.dataset[kind];
+      box.hidden = false;
+    } else if (!box.hidden) {
+      box.hidden = true;
+    }
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    drawCharts();
+    scrollLogs();
+    announceState();
+  });
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var pre = event.detail.target && event.detail.target.querySelector && event.detail.target.querySelector("pre.log");
+    if (pre) logAtEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 8;
+  });
+  document.addEventListener("htmx:afterSettle", function () {
+    scrollLogs();
+    announceState();
+  });
+  document.addEventListener("htmx:sendError", function () { liveError("offline"); });
+  document.addEventListener("htmx:responseError", function () { liveError("failed"); });
+  document.addEventListener("htmx:afterRequest", function (event) {
+    if (event.detail.successful) liveError(null);
+  });
+})();

@@ -1,0 +1,303 @@
+"""The portal's pages in a real headless Chromium against a live server: live job states through
+htmx on the local cluster with a real Celery worker, the cancel button and its refusal, the
+language switch, and the keyboard. One screenshot per page under artifacts/."""
+
+import os
+import re
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.db import connections
+from django.utils import timezone
+from playwright.sync_api import Page, expect
+
+from clusters.models import Cluster, Partition
+from jobs.models import Job, JobEvent, JobState
+from jobs.tasks import poll_cluster
+from tenants.models import QuotaGrant
+from tests.browser import browser_page, screenshot
+from tests.factories import PASSWORD
+
+# Playwright's sync API runs an event loop in this thread; the ORM calls below happen before
+# and after it, never inside a request, so the guard has nothing to protect here.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+TODAY = timezone.localdate()
+WAIT_MS = 30_000  # every wait on the page is bounded
+
+
+@pytest.fixture
+def local_partition(catalog):
+    cluster = Cluster.objects.create(slug="local", name="Local", kind="local", local_gpus=4, healthy=True)
+    return Partition.objects.create(
+        cluster=cluster, name="local", gpu_model=catalog[1], gpus_per_node=4, nodes=1, max_walltime_minutes=60,
+        max_cpus_per_gpu=1, max_mem_per_gpu_mb=1000,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def grant(tenant, catalog):
+    return QuotaGrant.objects.create(
+        tenant=tenant, scenario=catalog[0], gpu_model=catalog[1], gpus=4, gpu_hours=Decimal(100),
+        starts_on=TODAY, ends_on=TODAY + timedelta(days=30),
+    )  # fmt: skip
+
+
+def outside_the_browser(fn, *args, **kwargs):
+    """Run a Django call (the ORM, the API client) while Playwright drives the page: in a thread
+    of its own that closes its connection. Inside Playwright's greenlet Django would open a
+    connection of that greenlet's context, which nothing closes and which blocks the test
+    database's teardown."""
+
+    def run():
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(run).result(timeout=60)
+
+
+def submit(client, **overrides) -> dict:
+    body = {
+        "tenant": "protein-lab", "scenario": "ai-training", "gpu_model": "h100-80gb", "gpus": 2,
+        "walltime_minutes": 5, "name": "hello", "script": "#!/bin/bash\necho gpus=$CUDA_VISIBLE_DEVICES\nsleep 1\n",
+    } | overrides  # fmt: skip
+    response = client.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def queued_job(grant, partition, user) -> Job:
+    """A QUEUED job row, as job_submit leaves it before dispatch, for pages that only read it."""
+    job = Job.objects.create(
+        tenant=grant.tenant, submitted_by=user, name="waiting", scenario=grant.scenario,
+        gpu_model=grant.gpu_model, grant=grant, cluster=partition.cluster, partition=partition, gpus=1,
+        walltime_minutes=5, cpus_per_gpu=1, mem_per_gpu_mb=1000, script="#!/bin/bash\n", reserved_gpu_hours=0,
+    )  # fmt: skip
+    JobEvent.objects.create(job=job, to_state=JobState.QUEUED, reason="submitted")
+    return job
+
+
+@contextmanager
+def beat(cluster_id: int, every_s: float = 0.5) -> Iterator[None]:
+    """Stands in for Celery beat: asks the worker to poll the cluster while the page watches."""
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.is_set():
+            poll_cluster.delay(cluster_id=cluster_id).get(timeout=30)
+            stop.wait(every_s)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=35)
+
+
+def log_in(page: Page, base: str, username: str) -> None:
+    page.goto(f"{base}/accounts/login/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.keyboard.press("Enter")
+    page.wait_for_url(f"{base}/t/protein-lab/")
+
+
+def mark_document(page: Page) -> None:
+    """A flag that a reload would wipe: proof that what follows changed in place."""
+    page.evaluate("window.__sameDocument = true")
+
+
+def assert_same_document(page: Page) -> None:
+    assert page.evaluate("window.__sameDocument === true"), "the page was reloaded"
+
+
+def job_state(page: Page):
+    return page.locator("#job-state")
+
+
+def test_member_watches_a_job_complete_and_cancels_another_in_place(
+    live_server, celery_worker, client_for, member, local_partition, grant
+):
+    api = client_for(member)
+    base = live_server.url
+    with browser_page() as page:
+        log_in(page, base, "member")
+        expect(page.get_by_role("heading", level=1)).to_have_text("Protein Lab")
+        expect(page.get_by_role("meter", name="GPUs in use")).to_have_attribute("aria-valuetext", "0 of 4")
+        expect(page.get_by_role("meter", name="GPU-hours used")).to_be_visible()
+        expect(page.get_by_role("meter", name="Days left")).to_have_attribute(
+            "aria-valuetext", "31 days left of 31"
+        )
+        expect(page.locator("canvas#usage-chart[data-drawn]")).to_be_visible()  # Chart.js drew it
+        screenshot(page, "dashboard")
+
+        job = outside_the_browser(submit, api)
+        page.goto(f"{base}/t/protein-lab/jobs/{job['id']}/")
+        mark_document(page)
+        with beat(local_partition.cluster_id):
+            expect(job_state(page)).to_have_attribute("data-state", "COMPLETED", timeout=WAIT_MS)
+            expect(page.locator("pre.log")).to_contain_text("gpus=", timeout=WAIT_MS)
+        assert_same_document(page)
+        expect(job_state(page)).to_have_text("Completed")
+        expect(page.locator(".timeline li").last).to_contain_text("Completed")
+        expect(page.get_by_role("button", name="Cancel job")).to_have_count(0)  # ended: nothing to cancel
+        screenshot(page, "job-completed")
+
+        long = outside_the_browser(submit, api, name="long", script="#!/bin/bash\necho started\nsleep 120\n")
+        page.goto(f"{base}/t/protein-lab/jobs/{long['id']}/")
+        mark_document(page)
+        with beat(local_partition.cluster_id):
+            expect(job_state(page)).to_have_attribute("data-state", "RUNNING", timeout=WAIT_MS)
+            expect(page.locator("pre.log")).to_contain_text("started", timeout=WAIT_MS)
+            screenshot(page, "job-running")
+            page.once("dialog", lambda dialog: dialog.accept())  # "Cancel this job?"
+            page.get_by_role("button", name="Cancel job").click()
+            expect(page.get_by_role("status")).to_contain_text(f"Job {long['id']}: cancellation requested.")
+            expect(job_state(page)).to_have_attribute("data-state", _any_of("CANCELLING", "CANCELLED"))
+            screenshot(page, "job-cancelling")
+            expect(job_state(page)).to_have_attribute("data-state", "CANCELLED", timeout=WAIT_MS)
+        assert_same_document(page)
+        expect(page.get_by_role("button", name="Cancel job")).to_have_count(0)
+        screenshot(page, "job-cancelled")
+
+        page.goto(f"{base}/t/protein-lab/jobs/")
+        expect(page.locator("#job-rows tr")).to_have_count(2)
+        screenshot(page, "job-list")
+
+        page.get_by_role("link", name="Dashboard").click()
+        expect(page.locator(".events li")).to_have_count(10)  # the latest events of both jobs
+        expect(page.locator("#job-rows")).to_contain_text("No job is running or waiting.")
+        screenshot(page, "dashboard-after-jobs")
+    assert Job.objects.get(pk=long["id"]).state == JobState.CANCELLED
+
+
+def _any_of(*states: str) -> re.Pattern:
+    return re.compile("^(" + "|".join(states) + ")$")
+
+
+def test_a_viewer_sees_no_cancel_control_and_a_forged_post_is_refused(
+    live_server, viewer, member, local_partition, grant
+):
+    job = queued_job(grant, local_partition, member)
+    base = live_server.url
+    with browser_page() as page:
+        log_in(page, base, "viewer")
+        page.goto(f"{base}/t/protein-lab/jobs/{job.pk}/")
+        expect(job_state(page)).to_have_attribute("data-state", "QUEUED")
+        expect(page.get_by_role("button", name="Cancel job")).to_have_count(0)
+        expect(page.locator("form[action$='/cancel/']")).to_have_count(0)
+        screenshot(page, "job-as-viewer")
+
+        # A hand-made form with the page's own, valid CSRF token.
+        token = page.locator("input[name=csrfmiddlewaretoken]").first.input_value()
+        with page.expect_navigation() as navigation:
+            page.evaluate(
+                """([url, token]) => {
+                    const form = Object.assign(document.createElement("form"), {method: "post", action: url});
+                    form.append(Object.assign(document.createElement("input"),
+                                              {type: "hidden", name: "csrfmiddlewaretoken", value: token}));
+                    document.body.append(form);
+                    form.submit();
+                }""",
+                [f"{base}/t/protein-lab/jobs/{job.pk}/cancel/", token],
+            )
+        assert navigation.value.status == 403
+        expect(page.get_by_role("heading", level=1)).to_have_text("Not allowed")
+        expect(page.get_by_role("alert")).to_have_text("Your role allows cancelling only your own jobs.")
+        screenshot(page, "cancel-forbidden")
+        response = page.request.post(
+            f"{base}/t/protein-lab/jobs/{job.pk}/cancel/",
+            form={"csrfmiddlewaretoken": token},
+            headers={"HX-Request": "true"},
+        )
+        assert response.status == 403
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED
+    assert job.events.count() == 1
+
+
+def test_the_language_switch_turns_the_dashboard_into_chinese_and_back(live_server, member, grant):
+    base = live_server.url
+    with browser_page() as page:
+        log_in(page, base, "member")
+        page.get_by_label("Language").select_option("zh-hans")
+        page.get_by_role("button", name="Apply", exact=True).click()
+        expect(page.locator("html")).to_have_attribute("lang", "zh-hans")
+        expect(page).to_have_url(f"{base}/t/protein-lab/")
+        expect(page.get_by_role("link", name="仪表盘")).to_have_attribute("aria-current", "page")
+        expect(page.get_by_role("heading", name="已获配额")).to_be_visible()
+        expect(page.get_by_role("meter", name="使用中的 GPU")).to_have_attribute("aria-valuetext", "0 / 4")
+        days = page.get_by_role("meter", name="剩余天数")
+        expect(days).to_have_attribute("aria-valuetext", "剩余 31 天，共 31 天")
+        expect(page.get_by_role("heading", name="运行中和等待中的作业")).to_be_visible()
+        expect(page.get_by_role("button", name="退出登录")).to_be_visible()
+        screenshot(page, "dashboard-zh-hans")
+        page.get_by_role("link", name="作业", exact=True).click()
+        expect(page.get_by_label("提交者", exact=True)).to_be_visible()
+        expect(page.locator("td.empty")).to_have_text("没有符合筛选条件的作业。")
+        screenshot(page, "job-list-zh-hans")
+
+        page.get_by_label("语言").select_option("en")
+        page.get_by_role("button", name="应用", exact=True).click()
+        expect(page.locator("html")).to_have_attribute("lang", "en")
+        expect(page).to_have_url(f"{base}/t/protein-lab/jobs/")  # the switch keeps the page
+        expect(page.get_by_role("link", name="Jobs", exact=True)).to_have_attribute("aria-current", "page")
+        page.get_by_role("link", name="Dashboard").click()
+        expect(page.get_by_role("heading", name="Quota grants")).to_be_visible()
+        expect(page.get_by_role("meter", name="GPUs in use")).to_have_attribute("aria-valuetext", "0 of 4")
+
+
+def focus_by_tab(page: Page, selector: str, *, most: int) -> int:
+    """Press Tab until the element matching `selector` has focus; how many presses it took."""
+    for presses in range(1, most + 1):
+        page.keyboard.press("Tab")
+        if page.evaluate("(sel) => document.activeElement.matches(sel)", selector):
+            return presses
+    raise AssertionError(f"{selector} not reached in {most} presses of Tab")
+
+
+def test_keyboard_reaches_the_switcher_and_the_cancel_button_and_controls_have_labels(
+    live_server, member, local_partition, grant
+):
+    job = queued_job(grant, local_partition, member)
+    base = live_server.url
+    with browser_page() as page:
+        log_in(page, base, "member")
+        page.goto(f"{base}/t/protein-lab/jobs/{job.pk}/")
+        page.keyboard.press("Tab")
+        assert page.evaluate("document.activeElement.classList.contains('skip-link')")  # first stop
+        assert focus_by_tab(page, "#tenant-switch", most=5) <= 5
+        outline = page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
+        assert outline != "none"  # the focus ring shows
+        focus_by_tab(page, "#cancel-job", most=25)
+        screenshot(page, "job-keyboard-focus")
+        page.once("dialog", lambda dialog: dialog.accept())
+        page.keyboard.press("Enter")
+        expect(job_state(page)).to_have_attribute("data-state", "CANCELLED")  # a QUEUED job ends at once
+
+        page.goto(f"{base}/t/protein-lab/jobs/")
+        for label in ("Team", "Language", "State", "Scenario", "Submitted by"):
+            expect(page.get_by_label(label, exact=True)).to_be_visible()
+        page.get_by_label("State", exact=True).select_option("CANCELLED")
+        page.get_by_label("Submitted by", exact=True).focus()
+        focus_by_tab(page, "#apply-filters", most=3)
+        page.keyboard.press("Enter")
+        page.wait_for_url("**/jobs/?state=CANCELLED*")
+        expect(page.locator("#job-rows tr")).to_have_count(1)
+        screenshot(page, "job-list-filtered")
+
+        page.goto(f"{base}/t/protein-lab/")
+        page.get_by_label("Team", exact=True).focus()
+        page.keyboard.press("Tab")
+        page.keyboard.press("Enter")  # the switcher's button, without any script
+        page.wait_for_url(f"{base}/t/protein-lab/")
