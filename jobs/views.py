@@ -9,7 +9,7 @@ from datetime import timedelta
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, QueryDict
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -21,13 +21,23 @@ from django.views.decorators.http import require_GET, require_POST
 from clusters.selectors import scenario_list
 from jobs import services
 from jobs.filters import JobFilter
+from jobs.forms import JobSubmitForm
+from jobs.job_templates import templates_for
 from jobs.models import Job, JobState
 from jobs.selectors import job_events_of, job_is_own_or_managed, jobs_visible_to, usage_of
 from jobs.states import END_STATES
 from portal.core.errors import Conflict, PortalError, Unavailable
+from tenants import roles
 from tenants.models import Tenant
 from tenants.selectors import grants_visible_to, members_of
-from tenants.views import error_message, grant_rows, tenant_context, tenant_or_404
+from tenants.views import (
+    error_message,
+    form_errors_from,
+    grant_rows,
+    require_or_403,
+    tenant_context,
+    tenant_or_404,
+)
 
 PAGE_ROWS = 50
 LOG_LINES = 200
@@ -299,3 +309,76 @@ def job_cancel(request: HttpRequest, slug: str, job_id: int) -> HttpResponse:
     job = _job_or_404(request, tenant, job_id)
     context = {"tenant": tenant, "flash_oob": True} | _live_context(request, job)
     return _vary(render(request, "jobs/_live.html", context, status=status))
+
+
+# --- Submit
+
+
+def _submit_choices(request: HttpRequest, tenant: Tenant, scenario) -> tuple[list, list]:
+    """The GPU models of the tenant's active grants for the scenario, and its templates."""
+    if scenario is None:
+        return [], []
+    today = timezone.localdate()
+    grants = grants_visible_to(user=request.user).filter(
+        tenant=tenant, scenario=scenario, starts_on__lte=today, ends_on__gte=today
+    )
+    models = {grant.gpu_model.slug: grant.gpu_model for grant in grants.order_by("gpu_model__slug")}
+    return list(models.values()), templates_for(scenario.slug)
+
+
+@login_required
+def job_new(request: HttpRequest, slug: str) -> HttpResponse:
+    """The submit form, by scenario: GET ?scenario= picks it; POST submits through job_submit."""
+    tenant = tenant_or_404(request, slug)
+    if request.method not in ("GET", "POST"):
+        return HttpResponseNotAllowed(["GET", "POST"])
+    if request.method == "POST":
+        require_or_403(request.user, tenant, roles.SUBMIT_JOB)
+    scenarios = list(scenario_list().only("slug", "name"))
+    data = request.POST if request.method == "POST" else request.GET
+    scenario = next((s for s in scenarios if s.slug == data.get("scenario")), None)
+    if scenario is None and scenarios and request.method == "GET":
+        scenario = scenarios[0]
+    gpu_models, templates = _submit_choices(request, tenant, scenario)
+    form = JobSubmitForm(
+        request.POST if request.method == "POST" else None, gpu_models=gpu_models, templates=templates
+    )
+    status = 200
+    if request.method == "POST":
+        if scenario is None:
+            form.add_error(None, _("Choose a scenario."))
+        if form.is_valid():
+            by_slug = {m.slug: m for m in gpu_models}
+            job_request = services.JobRequest(
+                tenant=tenant, scenario=scenario, gpu_model=by_slug[form.cleaned_data["gpu_model"]],
+                **{k: form.cleaned_data[k] for k in SUBMIT_FIELDS},
+            )  # fmt: skip
+            try:
+                job, _created = services.job_submit(user=request.user, request=job_request)
+            except PortalError as exc:
+                form_errors_from(form, exc)
+            else:
+                messages.success(request, _("Job %(id)s submitted.") % {"id": job.pk})
+                return redirect("job-detail", slug=tenant.slug, job_id=job.pk)
+        status = 400
+    context = tenant_context(request, tenant) | {
+        "section": "submit",
+        "form": form,
+        "scenarios": scenarios,
+        "scenario": scenario,
+        "templates": templates,
+    }
+    return render(request, "jobs/new.html", context, status=status)
+
+
+SUBMIT_FIELDS = (
+    "gpus",
+    "nodes",
+    "walltime_minutes",
+    "name",
+    "priority",
+    "env",
+    "script",
+    "template",
+    "parameters",
+)

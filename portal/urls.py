@@ -34,10 +34,19 @@ pages = [
     path("t/<slug:slug>/", jobs_views.dashboard, name="dashboard"),
     path("t/<slug:slug>/jobs/", jobs_views.job_list, name="job-list"),
     path("t/<slug:slug>/jobs/rows/", jobs_views.job_rows, name="job-rows"),
+    path("t/<slug:slug>/jobs/new/", jobs_views.job_new, name="job-new"),
     path("t/<slug:slug>/jobs/<int:job_id>/", jobs_views.job_detail, name="job-detail"),
     path("t/<slug:slug>/jobs/<int:job_id>/live/", jobs_views.job_live, name="job-live"),
     path("t/<slug:slug>/jobs/<int:job_id>/log/", jobs_views.job_log, name="job-log"),
     path("t/<slug:slug>/jobs/<int:job_id>/cancel/", jobs_views.job_cancel, name="job-cancel"),
+    path("t/<slug:slug>/quota/", tenants_views.quota, name="quota"),
+    path(
+        "t/<slug:slug>/quota/<int:request_id>/withdraw/", tenants_views.quota_withdraw, name="quota-withdraw"
+    ),
+    path("t/<slug:slug>/team/", tenants_views.team, name="team"),
+    path("t/<slug:slug>/team/add/", tenants_views.member_add, name="member-add"),
+    path("t/<slug:slug>/team/<str:username>/role/", tenants_views.member_role, name="member-role"),
+    path("t/<slug:slug>/team/<str:username>/remove/", tenants_views.member_remove, name="member-remove"),
 ]
 
 urlpatterns = [

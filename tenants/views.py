@@ -4,18 +4,31 @@ caller's answers 404, so that nothing leaks its existence."""
 
 from datetime import date
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.utils.formats import number_format
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_POST
 
-from portal.core.errors import PortalError
-from tenants import roles
-from tenants.models import Tenant
-from tenants.selectors import memberships_of, tenant_perms, tenants_visible_to
+from clusters.selectors import scenario_list
+from portal.core.errors import Forbidden, Invalid, PortalError
+from tenants import roles, services
+from tenants.forms import MemberAddForm, MemberRoleForm, QuotaRequestForm
+from tenants.models import Membership, Role, Tenant
+from tenants.permissions import require
+from tenants.selectors import (
+    grants_visible_to,
+    members_of,
+    memberships_of,
+    quota_requests_visible_to,
+    tenant_perms,
+    tenants_visible_to,
+)
 
 # What a page says for each error a service raises, by its machine code (portal/core/errors.py).
 # The service's own detail (English) is shown beneath it.
@@ -35,6 +48,28 @@ def error_message(exc: PortalError) -> str:
     return str(ERROR_MESSAGES.get(exc.code, gettext_lazy("The request could not be completed.")))
 
 
+def require_or_403(user, tenant: Tenant, perm: str) -> None:
+    """tenants.permissions.require, answered as a page's 403 (with the service's detail)."""
+    try:
+        require(user, tenant, perm)
+    except Forbidden as exc:
+        raise PermissionDenied(exc.detail) from None
+
+
+def form_errors_from(form, exc: PortalError) -> None:
+    """A service's error on the form: each field's messages next to its field, the rest on top."""
+    if isinstance(exc, Invalid):
+        for name, errors in exc.extra["errors"].items():
+            field, _dot, part = name.partition(".")
+            for error in errors:
+                if field in form.fields:
+                    form.add_error(field, f"{part}: {error}" if part else error)
+                else:
+                    form.add_error(None, f"{name}: {error}")
+        return
+    form.add_error(None, f"{error_message(exc)} {exc.detail}")
+
+
 def tenant_or_404(request: HttpRequest, slug: str) -> Tenant:
     return get_object_or_404(tenants_visible_to(user=request.user), slug=slug)
 
@@ -52,6 +87,9 @@ def tenant_context(request: HttpRequest, tenant: Tenant | None) -> dict:
         "switcher_tenants": tenants_visible_to(user=request.user).only("slug", "name").order_by("slug"),
         "my_role": role,
         "can_submit": roles.SUBMIT_JOB in perms,
+        "can_request_quota": roles.REQUEST_QUOTA in perms,
+        "can_manage_members": roles.MANAGE_MEMBERS in perms,
+        "can_change_tenant": roles.CHANGE in perms,
     }
 
 
@@ -143,3 +181,176 @@ def _level(pct: int) -> str:
 
 def _pct(part, whole) -> int:
     return 0 if not whole else max(0, min(100, round(100 * float(part) / float(whole))))
+
+
+# --- Quota: requests and grants
+
+
+def _scenario_ranking(scenario) -> list:
+    return list(scenario.ranking.select_related("gpu_model").order_by("rank")) if scenario else []
+
+
+@login_required
+def quota(request: HttpRequest, slug: str) -> HttpResponse:
+    """The tenant's grants and quota requests; owners and managers request more by scenario."""
+    tenant = tenant_or_404(request, slug)
+    if request.method not in ("GET", "POST"):
+        return HttpResponseNotAllowed(["GET", "POST"])
+    if request.method == "POST":
+        require_or_403(request.user, tenant, roles.REQUEST_QUOTA)
+    data = request.POST if request.method == "POST" else request.GET
+    scenarios = list(scenario_list().only("slug", "name"))
+    scenario = next((s for s in scenarios if s.slug == data.get("scenario")), None)
+    if scenario is None and scenarios and request.method == "GET":
+        scenario = scenarios[0]
+    ranking = _scenario_ranking(scenario)
+    form = QuotaRequestForm(request.POST if request.method == "POST" else None, ranking=ranking)
+    status = 200
+    if request.method == "POST":
+        if scenario is None:
+            form.add_error(None, _("Choose a scenario."))
+        if form.is_valid():
+            by_slug = {r.gpu_model.slug: r.gpu_model for r in ranking}
+            fields = {k: v for k, v in form.cleaned_data.items() if k != "gpu_model"}
+            try:
+                created = services.quota_request_create(
+                    actor=request.user, tenant=tenant, scenario=scenario,
+                    gpu_model=by_slug[form.cleaned_data["gpu_model"]], **fields,
+                )  # fmt: skip
+            except PortalError as exc:
+                form_errors_from(form, exc)
+            else:
+                messages.success(request, _("Quota request %(id)s sent.") % {"id": created.pk})
+                return redirect("quota", slug=tenant.slug)
+        status = 400
+    today = timezone.localdate()
+    grants = grants_visible_to(user=request.user).filter(tenant=tenant).order_by("-ends_on", "id")
+    context = tenant_context(request, tenant) | {
+        "section": "quota",
+        "form": form,
+        "scenarios": scenarios,
+        "scenario": scenario,
+        "ranking": ranking,
+        "grants": grants,
+        "today": today,
+        "requests": quota_requests_visible_to(user=request.user).filter(tenant=tenant),
+    }
+    return render(request, "tenants/quota.html", context, status=status)
+
+
+@login_required
+@require_POST
+def quota_withdraw(request: HttpRequest, slug: str, request_id: int) -> HttpResponse:
+    tenant = tenant_or_404(request, slug)
+    quota_request = get_object_or_404(
+        quota_requests_visible_to(user=request.user).filter(tenant=tenant), pk=request_id
+    )
+    require_or_403(request.user, tenant, roles.REQUEST_QUOTA)
+    try:
+        services.quota_request_withdraw(actor=request.user, request=quota_request)
+    except PortalError as exc:
+        messages.error(request, f"{error_message(exc)} {exc.detail}", extra_tags=exc.code)
+    else:
+        messages.success(request, _("Quota request %(id)s withdrawn.") % {"id": quota_request.pk})
+    return redirect("quota", slug=tenant.slug)
+
+
+# --- Team
+
+
+def _require_manage(user, tenant: Tenant, *touched_roles: str) -> None:
+    """As the API: managers manage members; making or unmaking an owner takes an owner."""
+    require_or_403(user, tenant, roles.MANAGE_MEMBERS)
+    if Role.OWNER in touched_roles:
+        require_or_403(user, tenant, roles.CHANGE)
+
+
+def _team_page(request: HttpRequest, tenant: Tenant, form: MemberAddForm | None = None, status: int = 200):
+    context = tenant_context(request, tenant) | {
+        "section": "team",
+        "members": members_of(tenant=tenant).order_by("user__username"),
+        "form": form or MemberAddForm(),
+        "roles": Role.choices,
+    }
+    return render(request, "tenants/team.html", context, status=status)
+
+
+@login_required
+@require_GET
+def team(request: HttpRequest, slug: str) -> HttpResponse:
+    return _team_page(request, tenant_or_404(request, slug))
+
+
+@login_required
+@require_POST
+def member_add(request: HttpRequest, slug: str) -> HttpResponse:
+    tenant = tenant_or_404(request, slug)
+    require_or_403(request.user, tenant, roles.MANAGE_MEMBERS)
+    form = MemberAddForm(request.POST)
+    if form.is_valid():
+        _require_manage(request.user, tenant, form.cleaned_data["role"])
+        try:
+            membership = services.membership_add(
+                actor=request.user,
+                tenant=tenant,
+                user=form.cleaned_data["username"],
+                role=form.cleaned_data["role"],
+            )
+        except PortalError as exc:
+            form_errors_from(form, exc)
+        else:
+            messages.success(
+                request, _("%(username)s joined as %(role)s.")
+                % {"username": membership.user.username, "role": membership.get_role_display()},
+            )  # fmt: skip
+            return redirect("team", slug=tenant.slug)
+    return _team_page(request, tenant, form, status=400)
+
+
+def _membership_or_404(request: HttpRequest, tenant: Tenant, username: str) -> Membership:
+    return get_object_or_404(
+        Membership.objects.filter(tenant=tenant).select_related("user", "tenant"), user__username=username
+    )
+
+
+@login_required
+@require_POST
+def member_role(request: HttpRequest, slug: str, username: str) -> HttpResponse:
+    tenant = tenant_or_404(request, slug)
+    require_or_403(request.user, tenant, roles.MANAGE_MEMBERS)
+    membership = _membership_or_404(request, tenant, username)
+    form = MemberRoleForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, _("Choose one of the roles."))
+        return redirect("team", slug=tenant.slug)
+    _require_manage(request.user, tenant, membership.role, form.cleaned_data["role"])
+    try:
+        membership = services.membership_change_role(
+            actor=request.user, membership=membership, role=form.cleaned_data["role"]
+        )
+    except PortalError as exc:
+        messages.error(request, f"{error_message(exc)} {exc.detail}", extra_tags=exc.code)
+    else:
+        messages.success(
+            request, _("%(username)s is now %(role)s.")
+            % {"username": username, "role": membership.get_role_display()},
+        )  # fmt: skip
+    return redirect("team", slug=tenant.slug)
+
+
+@login_required
+@require_POST
+def member_remove(request: HttpRequest, slug: str, username: str) -> HttpResponse:
+    tenant = tenant_or_404(request, slug)
+    membership = _membership_or_404(request, tenant, username)
+    if membership.user_id != request.user.id:  # anyone may leave; removing others takes the role
+        _require_manage(request.user, tenant, membership.role)
+    try:
+        services.membership_remove(actor=request.user, membership=membership)
+    except PortalError as exc:
+        messages.error(request, f"{error_message(exc)} {exc.detail}", extra_tags=exc.code)
+        return redirect("team", slug=tenant.slug)
+    messages.success(request, _("%(username)s was removed from the team.") % {"username": username})
+    if membership.user_id == request.user.id:
+        return redirect("home")
+    return redirect("team", slug=tenant.slug)

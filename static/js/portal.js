@@ -76,6 +76,12 @@
     scrollLogs();
     announceState();
   });
+  // A scenario select (data-autosubmit) reloads its form's page for the chosen scenario; the
+  // form's own button does the same without JavaScript.
+  document.addEventListener("change", function (event) {
+    var select = event.target;
+    if (select.matches && select.matches("select[data-autosubmit]") && select.form) select.form.submit();
+  });
   document.addEventListener("htmx:sendError", function () { liveError("offline"); });
   document.addEventListener("htmx:responseError", function () { liveError("failed"); });
   document.addEventListener("htmx:afterRequest", function (event) {
