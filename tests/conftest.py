@@ -112,6 +112,35 @@ def catalog(db):
 
 
 @pytest.fixture
+def local_partition(catalog):
+    """A local cluster of 4 GPUs whose partition offers the catalog's GPU model."""
+    from clusters.models import Cluster, Partition
+
+    cluster = Cluster.objects.create(slug="local", name="Local", kind="local", local_gpus=4, healthy=True)
+    return Partition.objects.create(
+        cluster=cluster, name="local", gpu_model=catalog[1], gpus_per_node=4, nodes=1, max_walltime_minutes=60,
+        max_cpus_per_gpu=1, max_mem_per_gpu_mb=1000,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def grant(tenant, catalog):
+    """An active grant of the tenant for the catalog's pair: 4 GPUs at once, 100 GPU-hours."""
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from django.utils import timezone
+
+    from tenants.models import QuotaGrant
+
+    today = timezone.localdate()
+    return QuotaGrant.objects.create(
+        tenant=tenant, scenario=catalog[0], gpu_model=catalog[1], gpus=4, gpu_hours=Decimal(100),
+        starts_on=today, ends_on=today + timedelta(days=30),
+    )  # fmt: skip
+
+
+@pytest.fixture
 def anon_client() -> APIClient:
     return APIClient()
 

@@ -8,18 +8,13 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from datetime import timedelta
-from decimal import Decimal
 
-import pytest
 from django.db import connections
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
-from clusters.models import Cluster, Partition
 from jobs.models import Job, JobEvent, JobState
 from jobs.tasks import poll_cluster
-from tenants.models import QuotaGrant
 from tests.browser import browser_page, screenshot
 from tests.factories import PASSWORD
 
@@ -29,23 +24,6 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 TODAY = timezone.localdate()
 WAIT_MS = 30_000  # every wait on the page is bounded
-
-
-@pytest.fixture
-def local_partition(catalog):
-    cluster = Cluster.objects.create(slug="local", name="Local", kind="local", local_gpus=4, healthy=True)
-    return Partition.objects.create(
-        cluster=cluster, name="local", gpu_model=catalog[1], gpus_per_node=4, nodes=1, max_walltime_minutes=60,
-        max_cpus_per_gpu=1, max_mem_per_gpu_mb=1000,
-    )  # fmt: skip
-
-
-@pytest.fixture
-def grant(tenant, catalog):
-    return QuotaGrant.objects.create(
-        tenant=tenant, scenario=catalog[0], gpu_model=catalog[1], gpus=4, gpu_hours=Decimal(100),
-        starts_on=TODAY, ends_on=TODAY + timedelta(days=30),
-    )  # fmt: skip
 
 
 def outside_the_browser(fn, *args, **kwargs):
