@@ -141,6 +141,19 @@ def grant(tenant, catalog):
 
 
 @pytest.fixture
+def web(client):
+    """web(user): Django's test client, logged in as the user, pages in English."""
+    from django.conf import settings
+
+    def login(user):
+        client.force_login(user)
+        client.cookies[settings.LANGUAGE_COOKIE_NAME] = "en"
+        return client
+
+    return login
+
+
+@pytest.fixture
 def anon_client() -> APIClient:
     return APIClient()
 

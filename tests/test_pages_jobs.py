@@ -59,18 +59,6 @@ def make_job(grant, partition, user, *, state=JobState.QUEUED, name="hello", **f
     return job
 
 
-@pytest.fixture
-def web(client):
-    """web(user): the test client logged in as that user, in English."""
-
-    def login(user):
-        client.force_login(user)
-        client.cookies[settings.LANGUAGE_COOKIE_NAME] = "en"
-        return client
-
-    return login
-
-
 HTMX = {"HTTP_HX_REQUEST": "true"}
 
 

@@ -4,7 +4,6 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.conf import settings
 from django.utils import timezone
 from django.utils.html import escape
 
@@ -12,16 +11,6 @@ from tenants.models import QuotaGrant, QuotaRequest, RequestState
 
 TODAY = timezone.localdate()
 URL = "/t/protein-lab/quota/"
-
-
-@pytest.fixture
-def web(client):
-    def login(user):
-        client.force_login(user)
-        client.cookies[settings.LANGUAGE_COOKIE_NAME] = "en"
-        return client
-
-    return login
 
 
 def body(**overrides) -> dict:

@@ -1,22 +1,11 @@
 """The team page /t/<slug>/team/: members and roles, managed through the membership services."""
 
 import pytest
-from django.conf import settings
 
 from tenants.models import Membership, Role
 from tests.factories import UserFactory
 
 URL = "/t/protein-lab/team/"
-
-
-@pytest.fixture
-def web(client):
-    def login(user):
-        client.force_login(user)
-        client.cookies[settings.LANGUAGE_COOKIE_NAME] = "en"
-        return client
-
-    return login
 
 
 def role_of(tenant, username: str) -> str | None:
