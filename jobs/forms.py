@@ -32,6 +32,7 @@ class JobSubmitForm(forms.Form):
 
     def __init__(self, *args, gpu_models=(), templates=(), **kwargs):
         super().__init__(*args, **kwargs)
+        self.gpu_models = list(gpu_models)
         self.fields["gpu_model"].choices = [(m.slug, m.name) for m in gpu_models]
         self.fields["priority"].choices = [("", _("Default")), *list(Priority.choices)]
         self.fields["template"].choices = [("", _("None: my own script"))] + [

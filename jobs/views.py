@@ -23,7 +23,7 @@ from jobs import services
 from jobs.filters import JobFilter
 from jobs.forms import JobSubmitForm
 from jobs.job_templates import templates_for
-from jobs.models import Job, JobState
+from jobs.models import Job, JobState, Priority
 from jobs.selectors import job_events_of, job_is_own_or_managed, jobs_visible_to, usage_of
 from jobs.states import END_STATES
 from portal.core.errors import Conflict, PortalError, Unavailable
@@ -326,14 +326,8 @@ def _submit_choices(request: HttpRequest, tenant: Tenant, scenario) -> tuple[lis
     return list(models.values()), templates_for(scenario.slug)
 
 
-@login_required
-def job_new(request: HttpRequest, slug: str) -> HttpResponse:
-    """The submit form, by scenario: GET ?scenario= picks it; POST submits through job_submit."""
-    tenant = tenant_or_404(request, slug)
-    if request.method not in ("GET", "POST"):
-        return HttpResponseNotAllowed(["GET", "POST"])
-    if request.method == "POST":
-        require_or_403(request.user, tenant, roles.SUBMIT_JOB)
+def _submit_form(request: HttpRequest, tenant: Tenant) -> dict:
+    """The submit form for the scenario asked (GET ?scenario= or the POSTed one), bound to a POST."""
     scenarios = list(scenario_list().only("slug", "name"))
     data = request.POST if request.method == "POST" else request.GET
     scenario = next((s for s in scenarios if s.slug == data.get("scenario")), None)
@@ -343,32 +337,71 @@ def job_new(request: HttpRequest, slug: str) -> HttpResponse:
     form = JobSubmitForm(
         request.POST if request.method == "POST" else None, gpu_models=gpu_models, templates=templates
     )
-    status = 200
+    if request.method == "POST" and scenario is None:
+        form.add_error(None, _("Choose a scenario."))
+    return {"form": form, "scenarios": scenarios, "scenario": scenario, "templates": templates}
+
+
+def _job_request(tenant: Tenant, scenario, form: JobSubmitForm) -> services.JobRequest:
+    gpu_model = next(m for m in form.gpu_models if m.slug == form.cleaned_data["gpu_model"])
+    return services.JobRequest(
+        tenant=tenant,
+        scenario=scenario,
+        gpu_model=gpu_model,
+        **{k: form.cleaned_data[k] for k in SUBMIT_FIELDS},
+    )
+
+
+@login_required
+def job_new(request: HttpRequest, slug: str) -> HttpResponse:
+    """The submit form, by scenario: GET ?scenario= picks it; POST submits through job_submit."""
+    tenant = tenant_or_404(request, slug)
+    if request.method not in ("GET", "POST"):
+        return HttpResponseNotAllowed(["GET", "POST"])
     if request.method == "POST":
-        if scenario is None:
-            form.add_error(None, _("Choose a scenario."))
+        require_or_403(request.user, tenant, roles.SUBMIT_JOB)
+    parts = _submit_form(request, tenant)
+    form, status = parts["form"], 200
+    if request.method == "POST":
         if form.is_valid():
-            by_slug = {m.slug: m for m in gpu_models}
-            job_request = services.JobRequest(
-                tenant=tenant, scenario=scenario, gpu_model=by_slug[form.cleaned_data["gpu_model"]],
-                **{k: form.cleaned_data[k] for k in SUBMIT_FIELDS},
-            )  # fmt: skip
             try:
-                job, _created = services.job_submit(user=request.user, request=job_request)
+                job, _created = services.job_submit(
+                    user=request.user, request=_job_request(tenant, parts["scenario"], form)
+                )
             except PortalError as exc:
                 form_errors_from(form, exc)
             else:
                 messages.success(request, _("Job %(id)s submitted.") % {"id": job.pk})
                 return redirect("job-detail", slug=tenant.slug, job_id=job.pk)
         status = 400
-    context = tenant_context(request, tenant) | {
-        "section": "submit",
-        "form": form,
-        "scenarios": scenarios,
-        "scenario": scenario,
-        "templates": templates,
-    }
+    context = tenant_context(request, tenant) | parts | {"section": "submit"}
     return render(request, "jobs/new.html", context, status=status)
+
+
+@login_required
+@require_POST
+def job_check(request: HttpRequest, slug: str) -> HttpResponse:
+    """The submit form's check as the person types (htmx): the errors of each field filled in,
+    and a preview of what would run (partition, resources, GPU-hours, the script), built by
+    job_preview with the same rules as job_submit and nothing written."""
+    tenant = tenant_or_404(request, slug)
+    require_or_403(request.user, tenant, roles.SUBMIT_JOB)
+    parts = _submit_form(request, tenant)
+    form, preview = parts["form"], None
+    if form.is_valid():
+        try:
+            preview = services.job_preview(request=_job_request(tenant, parts["scenario"], form))
+        except PortalError as exc:
+            form_errors_from(form, exc)
+    # While the person types, a field left empty is not yet an error; one filled in wrongly is.
+    touched = {name for name in form.fields if request.POST.get(name, "").strip()}
+    field_errors = [
+        (form[name], form.errors.get(name, []) if name in touched else []) for name in form.fields
+    ]
+    context = {"tenant": tenant, "form": form, "preview": preview, "field_errors": field_errors}
+    if preview is not None:
+        context["priority_label"] = Priority(preview.priority).label
+    return _vary(render(request, "jobs/_check.html", context))
 
 
 SUBMIT_FIELDS = (

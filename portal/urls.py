@@ -6,6 +6,7 @@ from django.views import defaults
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
+from clusters import views as clusters_views
 from clusters.urls import api_urlpatterns as clusters_api
 from jobs import views as jobs_views
 from jobs.urls import api_urlpatterns as jobs_api
@@ -35,14 +36,17 @@ pages = [
     path("t/<slug:slug>/jobs/", jobs_views.job_list, name="job-list"),
     path("t/<slug:slug>/jobs/rows/", jobs_views.job_rows, name="job-rows"),
     path("t/<slug:slug>/jobs/new/", jobs_views.job_new, name="job-new"),
+    path("t/<slug:slug>/jobs/new/check/", jobs_views.job_check, name="job-check"),
     path("t/<slug:slug>/jobs/<int:job_id>/", jobs_views.job_detail, name="job-detail"),
     path("t/<slug:slug>/jobs/<int:job_id>/live/", jobs_views.job_live, name="job-live"),
     path("t/<slug:slug>/jobs/<int:job_id>/log/", jobs_views.job_log, name="job-log"),
     path("t/<slug:slug>/jobs/<int:job_id>/cancel/", jobs_views.job_cancel, name="job-cancel"),
     path("t/<slug:slug>/quota/", tenants_views.quota, name="quota"),
+    path("t/<slug:slug>/quota/advise/", tenants_views.quota_advise, name="quota-advise"),
     path(
         "t/<slug:slug>/quota/<int:request_id>/withdraw/", tenants_views.quota_withdraw, name="quota-withdraw"
     ),
+    path("t/<slug:slug>/clusters/", clusters_views.clusters, name="clusters"),
     path("t/<slug:slug>/team/", tenants_views.team, name="team"),
     path("t/<slug:slug>/team/add/", tenants_views.member_add, name="member-add"),
     path("t/<slug:slug>/team/<str:username>/role/", tenants_views.member_role, name="member-role"),
@@ -56,6 +60,25 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # Password reset by mail: Django's views answer an unknown address exactly as a known one.
+    path(
+        "accounts/password_reset/",
+        auth_views.PasswordResetView.as_view(
+            extra_email_context={"valid_hours": settings.PASSWORD_RESET_TIMEOUT // 3600}
+        ),
+        name="password_reset",
+    ),
+    path(
+        "accounts/password_reset/done/", auth_views.PasswordResetDoneView.as_view(), name="password_reset_done"
+    ),
+    path(
+        "accounts/reset/<uidb64>/<token>/",
+        auth_views.PasswordResetConfirmView.as_view(),
+        name="password_reset_confirm",
+    ),
+    path(
+        "accounts/reset/done/", auth_views.PasswordResetCompleteView.as_view(), name="password_reset_complete"
+    ),
     path("i18n/", include("django.conf.urls.i18n")),
     path("", tenants_views.home, name="home"),
     *pages,

@@ -1,5 +1,6 @@
 """Forms of the tenant pages: quota requests and members. They parse; the services decide."""
 
+from dataclasses import dataclass
 from decimal import Decimal
 
 from django import forms
@@ -49,3 +50,46 @@ class MemberAddForm(forms.Form):
 
 class MemberRoleForm(forms.Form):
     role = forms.ChoiceField(label=_("Role"), choices=Role.choices)
+
+
+@dataclass(frozen=True)
+class AdviceField:
+    """One input of the sizing advisor on the quota page. The API's serializer (clusters.
+    serializers.ADVICE_IN) validates; this says only how the page asks for it."""
+
+    name: str
+    label: str
+    step: str = "any"
+    choices: tuple[tuple[str, str], ...] = ()
+
+
+AI_PRECISIONS = (("bf16", "BF16"), ("fp16", "FP16"), ("fp8", "FP8"), ("fp32", "FP32"))
+LAYOUT = (
+    AdviceField("gpus_per_node", _("GPUs per node"), step="1"),
+    AdviceField("max_gpus", _("At most GPUs"), step="1"),
+)
+ADVICE_FIELDS = {
+    "ai": (
+        AdviceField("params_b", _("Model parameters (billions)")),
+        AdviceField("tokens_b", _("Training tokens (billions, optional)")),
+        AdviceField("precision", _("Precision"), choices=AI_PRECISIONS),
+        AdviceField("method", _("Method"), choices=(("full", _("Full training")), ("lora", "LoRA"))),
+        AdviceField("target_days", _("Target days")),
+        *LAYOUT,
+    ),
+    "md": (
+        AdviceField("atoms", _("Atoms"), step="1"),
+        AdviceField("ns_per_day", _("Wanted ns/day")),
+        AdviceField("simulated_ns", _("Simulated ns in all")),
+        AdviceField("days", _("Or: days to run")),
+        AdviceField("timestep_fs", _("Time step (fs)")),
+        *LAYOUT,
+    ),
+    "cfd": (
+        AdviceField("cells_m", _("Mesh cells (millions)")),
+        AdviceField("iterations", _("Iterations or time steps"), step="1"),
+        AdviceField("precision", _("Precision"), choices=(("fp64", "FP64"), ("mixed", _("Mixed")))),
+        AdviceField("target_days", _("Target days")),
+        *LAYOUT,
+    ),
+}  # fmt: skip

@@ -14,11 +14,14 @@ from django.utils.formats import number_format
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 from django.views.decorators.http import require_GET, require_POST
+from rest_framework.fields import empty as drf_empty
 
+from clusters import advisor
 from clusters.selectors import scenario_list
+from clusters.serializers import ADVICE_IN
 from portal.core.errors import Forbidden, Invalid, PortalError
 from tenants import roles, services
-from tenants.forms import MemberAddForm, MemberRoleForm, QuotaRequestForm
+from tenants.forms import ADVICE_FIELDS, MemberAddForm, MemberRoleForm, QuotaRequestForm
 from tenants.models import Membership, Role, Tenant
 from tenants.permissions import require
 from tenants.selectors import (
@@ -186,8 +189,56 @@ def _pct(part, whole) -> int:
 # --- Quota: requests and grants
 
 
-def _scenario_ranking(scenario) -> list:
-    return list(scenario.ranking.select_related("gpu_model").order_by("rank")) if scenario else []
+def advice_context(scenario, data) -> dict:
+    """The sizing advisor of the quota page for the scenario, on what the person typed: the
+    inputs (typed value, else the advisor's default), the errors of the fields given, the
+    fields still missing, and the advice once the input is whole. The API's serializer
+    validates, so the page and POST /scenarios/{slug}/advise/ agree."""
+    fields = ADVICE_FIELDS.get(scenario.advisor) if scenario else None
+    if not fields:
+        return {"advice_fields": None}
+    serializer_class = ADVICE_IN[scenario.advisor]
+    declared = serializer_class().fields
+    given = {f.name: data[f.name].strip() for f in fields if data.get(f.name, "").strip()}
+    serializer = serializer_class(data=given)
+    valid = serializer.is_valid()
+    errors = {} if valid else serializer.errors
+    inputs = []
+    for f in fields:
+        default = declared[f.name].default
+        value = given.get(f.name, "" if default is drf_empty else default)
+        inputs.append({"field": f, "id": f"advice-{f.name}", "value": value})
+    labels = {f.name: f.label for f in fields}
+    missing = [labels[name] for name, errs in errors.items() if any(e.code == "required" for e in errs)]
+    shown = [
+        f"{labels.get(name, '')}: {error}" if name in labels else str(error)
+        for name, errs in errors.items()
+        for error in errs
+        if error.code != "required"
+    ]
+    advice = None
+    if valid:
+        gpus = [entry.gpu_model for entry in scenario.ranking.all()]
+        advice = advisor.advise(advisor=scenario.advisor, job=serializer.job(), gpus=gpus)
+    names = {entry.gpu_model.slug: entry.gpu_model.name for entry in scenario.ranking.all()}
+    options = [{"option": o, "name": names.get(o.gpu_model)} for o in getattr(advice, "options", [])]
+    return {
+        "advice_fields": inputs,
+        "advice": advice,
+        "advice_options": options,
+        "advice_missing": missing,
+        "advice_errors": shown,
+    }
+
+
+@login_required
+@require_GET
+def quota_advise(request: HttpRequest, slug: str) -> HttpResponse:
+    """The advisor's answer alone, for the quota page's live update (htmx) as the person types."""
+    tenant = tenant_or_404(request, slug)
+    scenario = get_object_or_404(scenario_list(), slug=request.GET.get("scenario", ""))
+    context = {"tenant": tenant, "scenario": scenario} | advice_context(scenario, request.GET)
+    return render(request, "tenants/_advice_result.html", context)
 
 
 @login_required
@@ -199,11 +250,11 @@ def quota(request: HttpRequest, slug: str) -> HttpResponse:
     if request.method == "POST":
         require_or_403(request.user, tenant, roles.REQUEST_QUOTA)
     data = request.POST if request.method == "POST" else request.GET
-    scenarios = list(scenario_list().only("slug", "name"))
+    scenarios = list(scenario_list())
     scenario = next((s for s in scenarios if s.slug == data.get("scenario")), None)
     if scenario is None and scenarios and request.method == "GET":
         scenario = scenarios[0]
-    ranking = _scenario_ranking(scenario)
+    ranking = list(scenario.ranking.all()) if scenario else []
     form = QuotaRequestForm(request.POST if request.method == "POST" else None, ranking=ranking)
     status = 200
     if request.method == "POST":
@@ -234,6 +285,7 @@ def quota(request: HttpRequest, slug: str) -> HttpResponse:
         "grants": grants,
         "today": today,
         "requests": quota_requests_visible_to(user=request.user).filter(tenant=tenant),
+        **advice_context(scenario, request.GET),
     }
     return render(request, "tenants/quota.html", context, status=status)
 

@@ -10,9 +10,10 @@ from jobs.services.follow import (
     jobs_poll,
 )
 from jobs.services.limits import tenant_apply, tenant_limits
-from jobs.services.submit import JobRequest, job_submit, jobs_admit, request_digest
+from jobs.services.submit import JobPreview, JobRequest, job_preview, job_submit, jobs_admit, request_digest
 
 __all__ = [
+    "JobPreview",
     "JobRequest",
     "_claim",
     "_spec",
@@ -22,6 +23,7 @@ __all__ = [
     "job_dispatch",
     "job_finish",
     "job_log_tail",
+    "job_preview",
     "job_submit",
     "jobs_admit",
     "jobs_poll",

@@ -149,36 +149,96 @@ def _script(request: JobRequest, partition: Partition) -> str:
     return request.script
 
 
-def _reserve(request: JobRequest, hours: Decimal) -> QuotaGrant:
-    """Reserve on the matching active grant that ends first and still has the hours. Grants
-    whose concurrent limit is below the job's GPUs are no match: the job would wait forever."""
+def _matching_grants(request: JobRequest):
     today = timezone.localdate()
-    matching = QuotaGrant.objects.filter(
+    return QuotaGrant.objects.filter(
         tenant=request.tenant,
         scenario=request.scenario,
         gpu_model=request.gpu_model,
         starts_on__lte=today,
         ends_on__gte=today,
     )
+
+
+def _reserve_errors(request: JobRequest, hours: Decimal) -> None:
+    """Why no grant can take the job: none matches, or none allows its GPUs at once."""
+    matching = _matching_grants(request)
     if not matching.exists():
         raise NoQuota(
             f"{request.tenant.slug} has no active grant for {request.scenario.slug} "
             f"on {request.gpu_model.slug}.",
             extra={"gpu_hours_requested": str(hours)},
         )
-    grants = list(matching.filter(gpus__gte=request.gpus).order_by("ends_on", "id"))
-    if not grants:
+    if not matching.filter(gpus__gte=request.gpus).exists():
         largest = max(matching.values_list("gpus", flat=True))
         raise QuotaExhausted(
             f"{request.gpus} GPUs asked; the tenant's grants allow at most {largest} at once.",
             extra={"gpus_requested": request.gpus, "gpus_granted": largest},
         )
+
+
+def _reserve(request: JobRequest, hours: Decimal) -> QuotaGrant:
+    """Reserve on the matching active grant that ends first and still has the hours. Grants
+    whose concurrent limit is below the job's GPUs are no match: the job would wait forever."""
+    grants = list(_matching_grants(request).filter(gpus__gte=request.gpus).order_by("ends_on", "id"))
+    if not grants:
+        _reserve_errors(request, hours)
     for grant in grants:
         try:
             return grant_reserve(grant_id=grant.pk, gpu_hours=hours)
         except QuotaExhausted as exc:
             exhausted = exc
     raise exhausted
+
+
+@dataclass(frozen=True)
+class JobPreview:
+    """What a submission would become, checked as job_submit checks it, with nothing written."""
+
+    partition: Partition
+    script: str
+    env: dict[str, str]
+    gpu_hours: Decimal
+    cpus_per_gpu: int
+    mem_per_gpu_mb: int
+    priority: str
+    gpu_hours_left: Decimal
+
+
+def job_preview(*, request: JobRequest) -> JobPreview:
+    """The submit form's live check: the same validation, partition choice and script as
+    job_submit, and the grant it would reserve on (read, not locked). Raises what job_submit
+    would raise for the same input, so that the form shows it before the person submits."""
+    if request.tenant.state != TenantState.ACTIVE:
+        raise TenantSuspended(f"Tenant {request.tenant.slug} is suspended: it can read but not submit.")
+    _check_env(request.env)
+    partition = _pick_partition(request)
+    _check_shape(request, partition)
+    script = _script(request, partition)
+    hours = _gpu_hours(request)
+    grants = _matching_grants(request).filter(gpus__gte=request.gpus)
+    left = max((grant.gpu_hours_remaining for grant in grants), default=None)
+    if left is None:
+        _reserve_errors(request, hours)
+    elif hours > left:
+        raise QuotaExhausted(f"{hours} GPU-hours asked, {left} left on the grant.")
+    return JobPreview(
+        partition=partition, script=script, env={**request.scenario.env, **request.env}, gpu_hours=hours,
+        cpus_per_gpu=_cpus(request, partition), mem_per_gpu_mb=_mem(request, partition),
+        priority=_priority(request), gpu_hours_left=left,
+    )  # fmt: skip
+
+
+def _gpu_hours(request: JobRequest) -> Decimal:
+    return (Decimal(request.gpus * request.walltime_minutes) / 60).quantize(Decimal("0.01"), ROUND_CEILING)
+
+
+def _cpus(request: JobRequest, partition: Partition) -> int:
+    return min(request.scenario.cpus_per_gpu, partition.max_cpus_per_gpu or math.inf)
+
+
+def _mem(request: JobRequest, partition: Partition) -> int:
+    return min(request.scenario.mem_per_gpu_mb, partition.max_mem_per_gpu_mb or math.inf)
 
 
 def _earlier(user: AbstractBaseUser, idempotency_key: str, digest: str) -> Job | None:
@@ -217,10 +277,9 @@ def _submit(*, user: AbstractBaseUser, request: JobRequest, idempotency_key: str
     script = _script(request, partition)
     # Lock order: the partition first (admission serializes on it), then the grant.
     partition = Partition.objects.select_for_update().select_related("cluster").get(pk=partition.pk)
-    hours = (Decimal(request.gpus * request.walltime_minutes) / 60).quantize(Decimal("0.01"), ROUND_CEILING)
+    hours = _gpu_hours(request)
     grant = _reserve(request, hours)
-    cpus = min(request.scenario.cpus_per_gpu, partition.max_cpus_per_gpu or math.inf)
-    mem = min(request.scenario.mem_per_gpu_mb, partition.max_mem_per_gpu_mb or math.inf)
+    cpus, mem = _cpus(request, partition), _mem(request, partition)
     job = Job.objects.create(
         tenant=request.tenant,
         submitted_by=user,

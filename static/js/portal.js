@@ -82,6 +82,21 @@
     var select = event.target;
     if (select.matches && select.matches("select[data-autosubmit]") && select.form) select.form.submit();
   });
+  // The sizing advisor's "Use" buttons fill the quota request form below it with an option.
+  function showFillButtons() {
+    document.querySelectorAll("button[data-fill-request][hidden]").forEach(function (button) { button.hidden = false; });
+  }
+  document.addEventListener("DOMContentLoaded", showFillButtons);
+  document.addEventListener("htmx:afterSettle", showFillButtons);
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest && event.target.closest("button[data-fill-request]");
+    var form = document.getElementById("quota-request-form");
+    if (!button || !form) return;
+    form.elements.gpu_model.value = button.dataset.gpuModel;
+    form.elements.gpus.value = button.dataset.gpus;
+    form.elements.gpu_hours.value = button.dataset.gpuHours;
+    form.elements.gpus.focus();
+  });
   document.addEventListener("htmx:sendError", function () { liveError("offline"); });
   document.addEventListener("htmx:responseError", function () { liveError("failed"); });
   document.addEventListener("htmx:afterRequest", function (event) {
