@@ -4,11 +4,24 @@ Playwright's own browser download cannot run here; Debian's chromium at /usr/bin
 Screenshots go under artifacts/ (ARTIFACTS_DIR), one per page a test visits."""
 
 import os
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
+from django.db import connections
 from playwright.sync_api import Page, sync_playwright
+
+from jobs.tasks import poll_cluster
+from tests.factories import PASSWORD
+
+# Playwright's sync API runs an event loop in this thread; the ORM calls of a test happen
+# before and after it, never inside a request, so the guard has nothing to protect here.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+WAIT_MS = 30_000  # every wait on a page for a job's progress is bounded
+MAX_POLLS = 600  # and so is the stand-in for beat: five minutes at most
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(os.environ.get("ARTIFACTS_DIR", Path(__file__).resolve().parent.parent / "artifacts"))
@@ -44,3 +57,57 @@ def screenshot(page: Page, name: str) -> Path:
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+def outside_the_browser(fn, *args, **kwargs):
+    """Run a Django call (the ORM, the API client) while Playwright drives the page: in a thread
+    of its own that closes its connection. Inside Playwright's greenlet Django would open a
+    connection of that greenlet's context, which nothing closes and which blocks the test
+    database's teardown."""
+
+    def run():
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(run).result(timeout=60)
+
+
+@contextmanager
+def beat(cluster_id: int, every_s: float = 0.5) -> Iterator[None]:
+    """Stands in for Celery beat: asks the worker to poll the cluster while the page watches."""
+    stop = threading.Event()
+
+    def run() -> None:
+        for _ in range(MAX_POLLS):
+            if stop.is_set():
+                return
+            poll_cluster.delay(cluster_id=cluster_id).get(timeout=30)
+            stop.wait(every_s)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=35)
+
+
+def log_in(page: Page, base: str, username: str, *, lands_on: str = "/t/protein-lab/") -> None:
+    page.goto(f"{base}/accounts/login/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.keyboard.press("Enter")
+    page.wait_for_url(f"{base}{lands_on}")
+
+
+def mark_document(page: Page) -> None:
+    """A flag that a reload would wipe: proof that what follows changed in place."""
+    page.evaluate("window.__sameDocument = true")
+
+
+def assert_same_document(page: Page) -> None:
+    assert page.evaluate("window.__sameDocument === true"), "the page was reloaded"

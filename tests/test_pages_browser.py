@@ -2,44 +2,24 @@
 htmx on the local cluster with a real Celery worker, the cancel button and its refusal, the
 language switch, and the keyboard. One screenshot per page under artifacts/."""
 
-import os
 import re
-import threading
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
-from django.db import connections
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
 from jobs.models import Job, JobEvent, JobState
-from jobs.tasks import poll_cluster
-from tests.browser import browser_page, screenshot
-from tests.factories import PASSWORD
-
-# Playwright's sync API runs an event loop in this thread; the ORM calls below happen before
-# and after it, never inside a request, so the guard has nothing to protect here.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+from tests.browser import (
+    WAIT_MS,
+    assert_same_document,
+    beat,
+    browser_page,
+    log_in,
+    mark_document,
+    outside_the_browser,
+    screenshot,
+)
 
 TODAY = timezone.localdate()
-WAIT_MS = 30_000  # every wait on the page is bounded
-
-
-def outside_the_browser(fn, *args, **kwargs):
-    """Run a Django call (the ORM, the API client) while Playwright drives the page: in a thread
-    of its own that closes its connection. Inside Playwright's greenlet Django would open a
-    connection of that greenlet's context, which nothing closes and which blocks the test
-    database's teardown."""
-
-    def run():
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            connections.close_all()
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(run).result(timeout=60)
 
 
 def submit(client, **overrides) -> dict:
@@ -61,42 +41,6 @@ def queued_job(grant, partition, user) -> Job:
     )  # fmt: skip
     JobEvent.objects.create(job=job, to_state=JobState.QUEUED, reason="submitted")
     return job
-
-
-@contextmanager
-def beat(cluster_id: int, every_s: float = 0.5) -> Iterator[None]:
-    """Stands in for Celery beat: asks the worker to poll the cluster while the page watches."""
-    stop = threading.Event()
-
-    def run() -> None:
-        while not stop.is_set():
-            poll_cluster.delay(cluster_id=cluster_id).get(timeout=30)
-            stop.wait(every_s)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=35)
-
-
-def log_in(page: Page, base: str, username: str) -> None:
-    page.goto(f"{base}/accounts/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.keyboard.press("Enter")
-    page.wait_for_url(f"{base}/t/protein-lab/")
-
-
-def mark_document(page: Page) -> None:
-    """A flag that a reload would wipe: proof that what follows changed in place."""
-    page.evaluate("window.__sameDocument = true")
-
-
-def assert_same_document(page: Page) -> None:
-    assert page.evaluate("window.__sameDocument === true"), "the page was reloaded"
 
 
 def job_state(page: Page):
