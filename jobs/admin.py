@@ -2,8 +2,23 @@ from django.contrib import admin, messages
 from django.utils.translation import gettext_lazy as _
 
 from jobs.models import Job, JobEvent
+from jobs.selectors import job_counts_of, jobs_waiting_of
 from jobs.services import job_cancel
 from portal.core.errors import PortalError
+from tenants.admin import DECISION_CONTEXT
+
+WAITING_JOBS_SHOWN = 50
+
+
+def decision_jobs(request, tenant) -> dict:
+    """The quota decision page's view of the tenant's jobs: those waiting (the first 50, longest
+    waiting first, and how many more) and how many run. Two queries."""
+    waiting = list(jobs_waiting_of(user=request.user, tenant=tenant)[:WAITING_JOBS_SHOWN])
+    counts = job_counts_of(user=request.user, tenant=tenant)
+    return {"waiting_jobs": waiting, "waiting_more": counts["waiting"] - len(waiting), "job_counts": counts}
+
+
+DECISION_CONTEXT.append(decision_jobs)
 
 
 class JobEventInline(admin.TabularInline):

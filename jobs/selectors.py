@@ -1,10 +1,10 @@
 from datetime import date
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import F, QuerySet, Sum
+from django.db.models import Count, F, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
-from jobs.models import Job, JobEvent
+from jobs.models import Job, JobEvent, JobState
 from tenants import roles
 from tenants.selectors import tenant_ids_visible_to, tenant_perms
 
@@ -59,3 +59,21 @@ def usage_of(
         .order_by("key")
     )
     return [{"key": str(row["key"]), "gpu_hours": float(row["gpu_hours"])} for row in rows]
+
+
+# A job waits while it has no GPUs yet: for dispatch or quota (QUEUED), on its way to the
+# scheduler (SUBMITTING), or in the scheduler's queue (PENDING).
+WAITING_STATES = (JobState.QUEUED, JobState.SUBMITTING, JobState.PENDING)
+
+
+def jobs_waiting_of(*, user: AbstractBaseUser, tenant) -> QuerySet[Job]:
+    """The tenant's waiting jobs, longest waiting first, with what a row shows in one query."""
+    return jobs_visible_to(user=user).filter(tenant=tenant, state__in=WAITING_STATES).order_by("id")
+
+
+def job_counts_of(*, user: AbstractBaseUser, tenant) -> dict[str, int]:
+    """How many of the tenant's jobs wait and how many run, in one query."""
+    return Job.objects.filter(tenant_id__in=tenant_ids_visible_to(user=user), tenant=tenant).aggregate(
+        waiting=Count("id", filter=Q(state__in=WAITING_STATES)),
+        running=Count("id", filter=Q(state=JobState.RUNNING)),
+    )

@@ -6,7 +6,6 @@ from django.views import defaults
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
-from clusters import views as clusters_views
 from clusters.urls import api_urlpatterns as clusters_api
 from jobs import views as jobs_views
 from jobs.urls import api_urlpatterns as jobs_api
@@ -46,7 +45,7 @@ pages = [
     path(
         "t/<slug:slug>/quota/<int:request_id>/withdraw/", tenants_views.quota_withdraw, name="quota-withdraw"
     ),
-    path("t/<slug:slug>/clusters/", clusters_views.clusters, name="clusters"),
+    path("t/<slug:slug>/clusters/", tenants_views.clusters, name="clusters"),
     path("t/<slug:slug>/team/", tenants_views.team, name="team"),
     path("t/<slug:slug>/team/add/", tenants_views.member_add, name="member-add"),
     path("t/<slug:slug>/team/<str:username>/role/", tenants_views.member_role, name="member-role"),
@@ -69,7 +68,9 @@ urlpatterns = [
         name="password_reset",
     ),
     path(
-        "accounts/password_reset/done/", auth_views.PasswordResetDoneView.as_view(), name="password_reset_done"
+        "accounts/password_reset/done/",
+        auth_views.PasswordResetDoneView.as_view(),
+        name="password_reset_done",
     ),
     path(
         "accounts/reset/<uidb64>/<token>/",

@@ -1,10 +1,13 @@
 """The admin console for tenants and quota. Every write with a side effect (permissions, grants,
 mail, audit) goes through tenants.services, exactly as the API's do."""
 
+from collections.abc import Callable
+
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Sum
+from django.http import HttpRequest
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -14,6 +17,11 @@ from django.utils.translation import gettext_lazy as _
 from portal.core.errors import PortalError
 from tenants import services
 from tenants.models import Membership, QuotaGrant, QuotaRequest, RequestState, Role, Tenant
+
+# What the decision page shows of the apps above tenants: jobs/admin.py adds the tenant's waiting
+# and running jobs. tenants imports nothing of jobs (DESIGN.md), so jobs registers a callback,
+# (request, tenant) -> context, here.
+DECISION_CONTEXT: list[Callable[[HttpRequest, Tenant], dict]] = []
 
 
 class MembershipFormSet(forms.BaseInlineFormSet):
@@ -101,15 +109,25 @@ class TenantAdmin(admin.ModelAdmin):
 
 
 class DecisionForm(forms.Form):
-    decision = forms.ChoiceField(choices=[("approve", _("Approve")), ("reject", _("Reject"))])
-    note = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), help_text=_("Sent to the team by mail."))
-    gpus = forms.IntegerField(min_value=1, required=False, help_text=_("Lower to approve in part"))
-    gpu_hours = forms.DecimalField(min_value=0.01, max_digits=12, decimal_places=2, required=False)
-    ends_on = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    decision = forms.ChoiceField(
+        label=_("Decision"), choices=[("approve", _("Approve")), ("reject", _("Reject"))]
+    )
+    note = forms.CharField(
+        label=_("Note"), widget=forms.Textarea(attrs={"rows": 3}), help_text=_("Sent to the team by mail.")
+    )
+    gpus = forms.IntegerField(
+        label=_("GPUs"), min_value=1, required=False, help_text=_("Lower to approve in part")
+    )
+    gpu_hours = forms.DecimalField(
+        label=_("GPU-hours"), min_value=0.01, max_digits=12, decimal_places=2, required=False
+    )
+    ends_on = forms.DateField(
+        label=_("Ends on"), required=False, widget=forms.DateInput(attrs={"type": "date"})
+    )
 
 
 class BulkNoteForm(forms.Form):
-    note = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}))
+    note = forms.CharField(label=_("Note"), widget=forms.Textarea(attrs={"rows": 3}))
 
 
 @admin.register(QuotaRequest)
@@ -153,7 +171,14 @@ class QuotaRequestAdmin(admin.ModelAdmin):
         return [path("<int:pk>/decide/", decide, name="tenants_quotarequest_decide"), *super().get_urls()]
 
     def decide_view(self, request, pk: int):
-        """The request beside the tenant's grants, usage and other requests, and the decision form."""
+        """The request beside the tenant's grants, usage, waiting and running jobs and other requests,
+        and the decision form; a fixed number of queries however many jobs wait."""
+        # admin_view() lets in any staff user; the page shows a tenant's jobs and the form decides,
+        # so the model's own permissions apply as on every admin page: view to read, change to decide.
+        if not self.has_view_or_change_permission(request) or (
+            request.method == "POST" and not self.has_change_permission(request)
+        ):
+            raise PermissionDenied
         quota_request = get_object_or_404(
             QuotaRequest.objects.select_related("tenant", "scenario", "gpu_model"), pk=pk
         )
@@ -175,9 +200,8 @@ class QuotaRequestAdmin(admin.ModelAdmin):
             else:
                 self.message_user(request, _("Request #%(id)s decided.") % {"id": pk}, messages.SUCCESS)
                 return redirect("admin:tenants_quotarequest_changelist")
-        grants = QuotaGrant.objects.filter(tenant=quota_request.tenant).select_related(
-            "scenario", "gpu_model"
-        )
+        tenant = quota_request.tenant
+        grants = QuotaGrant.objects.filter(tenant=tenant).select_related("scenario", "gpu_model")
         context = {
             **self.admin_site.each_context(request),
             "title": _("Decide quota request #%(id)s") % {"id": pk},
@@ -186,8 +210,12 @@ class QuotaRequestAdmin(admin.ModelAdmin):
             "form": form,
             "grants": grants,
             "usage": grants.aggregate(used=Sum("gpu_hours_used"), reserved=Sum("gpu_hours_reserved")),
-            "other_requests": QuotaRequest.objects.filter(tenant=quota_request.tenant).exclude(pk=pk)[:10],
+            "other_requests": QuotaRequest.objects.filter(tenant=tenant)
+            .exclude(pk=pk)
+            .select_related("gpu_model")[:10],
         }
+        for provide in DECISION_CONTEXT:
+            context |= provide(request, tenant)
         return TemplateResponse(request, "admin/tenants/decide.html", context)
 
     def _bulk(self, request, queryset, decide, verb: str):
@@ -216,11 +244,11 @@ class QuotaRequestAdmin(admin.ModelAdmin):
         }
         return TemplateResponse(request, "admin/tenants/bulk_decide.html", context)
 
-    @admin.action(description=_("Approve selected requests as asked"))
+    @admin.action(description=_("Approve selected requests as asked"), permissions=["change"])
     def approve_selected(self, request, queryset):
         return self._bulk(request, queryset, services.quota_request_approve, _("Approve quota requests"))
 
-    @admin.action(description=_("Reject selected requests"))
+    @admin.action(description=_("Reject selected requests"), permissions=["change"])
     def reject_selected(self, request, queryset):
         return self._bulk(request, queryset, services.quota_request_reject, _("Reject quota requests"))
 

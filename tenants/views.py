@@ -1,6 +1,7 @@
-"""Pages of the researcher portal about a tenant: home, the tenant switcher, the dashboard.
-Like the API, a view parses, scopes through a selector and renders; a tenant outside the
-caller's answers 404, so that nothing leaks its existence."""
+"""Pages of the researcher portal about a tenant: home, the tenant switcher, quota (with the
+sizing advisor), the team, and the clusters its jobs can run on. Like the API, a view parses,
+scopes through a selector and renders; a tenant outside the caller's answers 404, so that
+nothing leaks its existence."""
 
 from datetime import date
 
@@ -17,7 +18,7 @@ from django.views.decorators.http import require_GET, require_POST
 from rest_framework.fields import empty as drf_empty
 
 from clusters import advisor
-from clusters.selectors import scenario_list
+from clusters.selectors import cluster_list, gpu_model_list, scenario_list
 from clusters.serializers import ADVICE_IN
 from portal.core.errors import Forbidden, Invalid, PortalError
 from tenants import roles, services
@@ -113,10 +114,19 @@ def home(request: HttpRequest) -> HttpResponse:
 @require_GET
 def tenant_switch(request: HttpRequest) -> HttpResponse:
     """The header's switcher, a plain GET form so that it works without JavaScript; it keeps
-    the section (dashboard or jobs) the caller was looking at."""
+    the section the caller was looking at."""
     tenant = tenant_or_404(request, request.GET.get("tenant", ""))
-    section = "job-list" if request.GET.get("section") == "jobs" else "dashboard"
-    return redirect(section, slug=tenant.slug)
+    return redirect(SWITCH_SECTIONS.get(request.GET.get("section", ""), "dashboard"), slug=tenant.slug)
+
+
+# The header's `section` of a page, and the page of the same section in another team.
+SWITCH_SECTIONS = {
+    "jobs": "job-list",
+    "submit": "job-new",
+    "quota": "quota",
+    "team": "team",
+    "clusters": "clusters",
+}
 
 
 def grant_rows(grants, today: date) -> list[dict]:
@@ -406,3 +416,65 @@ def member_remove(request: HttpRequest, slug: str, username: str) -> HttpRespons
     if membership.user_id == request.user.id:
         return redirect("home")
     return redirect("team", slug=tenant.slug)
+
+
+# --- Clusters: where the team's jobs can run
+
+# The health columns on top of what cluster_list loads; never a connection or secret column.
+CLUSTER_COLUMNS = ("id", "slug", "name", "kind", "healthy", "health_detail", "health_checked_at")
+GPU_MODEL_COLUMNS = (
+    "id", "slug", "vendor", "name", "memory_gb", "fp64_tflops", "fp16_tflops", "memory_bandwidth_gbs",
+)  # fmt: skip
+
+
+def walltime_text(minutes: int) -> str:
+    """60 → "1 h", 2160 → "1 d 12 h", 90 → "1 h 30 min": what a researcher plans a job by."""
+    days, rest = divmod(minutes, 24 * 60)
+    hours, mins = divmod(rest, 60)
+    parts = []
+    if days:
+        parts.append(_("%(days)s d") % {"days": days})
+    if hours:
+        parts.append(_("%(hours)s h") % {"hours": hours})
+    if mins:
+        parts.append(_("%(minutes)s min") % {"minutes": mins})
+    return " ".join(parts)
+
+
+@login_required
+@require_GET
+def clusters(request: HttpRequest, slug: str) -> HttpResponse:
+    """Clusters with partitions, each partition marked when the tenant's current grants cover its
+    GPU model; then the GPU models' figures. Six queries whatever the number of clusters."""
+    tenant = tenant_or_404(request, slug)
+    today = timezone.localdate()
+    covered = set(
+        grants_visible_to(user=request.user)
+        .filter(tenant=tenant, starts_on__lte=today, ends_on__gte=today)
+        .values_list("gpu_model_id", flat=True)
+    )
+    gpu_models = list(gpu_model_list().only(*GPU_MODEL_COLUMNS).order_by("vendor", "name", "slug"))
+    # cluster_list loads only the GPU model's slug with a partition: the names come from the
+    # models above, so that no partition row fetches its model on its own.
+    model_names = {m.pk: m.name for m in gpu_models}
+    rows = [
+        {
+            "cluster": cluster,
+            "partitions": [
+                {
+                    "partition": p,
+                    "gpu_model": model_names.get(p.gpu_model_id, p.gpu_model.slug),
+                    "walltime": walltime_text(p.max_walltime_minutes),
+                    "covered": p.gpu_model_id in covered,
+                }
+                for p in cluster.partitions.all()
+            ],
+        }
+        for cluster in cluster_list().only(*CLUSTER_COLUMNS).order_by("slug")
+    ]
+    context = tenant_context(request, tenant) | {
+        "section": "clusters",
+        "clusters": rows,
+        "gpu_models": gpu_models,
+    }
+    return render(request, "clusters/list.html", context)

@@ -110,6 +110,8 @@ def test_the_switcher_goes_to_the_chosen_teams_page_and_keeps_the_section(web, m
     assert '<option value="other-team"' in page and '<label for="tenant-switch">' in page
     assert client.get("/t/?tenant=other-team")["Location"] == "/t/other-team/"
     assert client.get("/t/?tenant=other-team&section=jobs")["Location"] == "/t/other-team/jobs/"
+    for section, path in (("quota", "quota/"), ("team", "team/"), ("clusters", "clusters/"), ("x", "")):
+        assert client.get(f"/t/?tenant=other-team&section={section}")["Location"] == f"/t/other-team/{path}"
     assert client.get("/t/?tenant=nope").status_code == 404
 
 

@@ -18,6 +18,7 @@ from tests.browser import (
     browser_page,
     log_in,
     mark_document,
+    outside_the_browser,
     screenshot,
 )
 from tests.factories import PASSWORD
@@ -80,6 +81,18 @@ def submit_through_the_form(page: Page, *, name: str, script: str) -> int:
     return int(page.url.rstrip("/").rsplit("/", 1)[1])
 
 
+def earlier_weeks(job: Job) -> None:
+    """Finished jobs of the weeks before, as a team's history: the dashboard charts them by day."""
+    now = timezone.now()
+    for days_ago, hours in ((13, 4), (11, 6), (9, 3), (8, 7), (6, 5), (4, 8), (2, 4), (1, 5)):
+        Job.objects.create(
+            tenant=job.tenant, submitted_by=job.submitted_by, name=f"train-{days_ago}", scenario=job.scenario,
+            gpu_model=job.gpu_model, grant=job.grant, cluster=job.cluster, partition=job.partition, gpus=1,
+            walltime_minutes=600, cpus_per_gpu=1, mem_per_gpu_mb=1000, script="#!/bin/bash\n", reserved_gpu_hours=0,
+            state=JobState.COMPLETED, finished_at=now - timedelta(days=days_ago), gpu_hours=hours,
+        )  # fmt: skip
+
+
 def test_quota_requested_approved_in_the_console_then_a_job_completes_and_another_is_cancelled(
     live_server, celery_worker, owner, admin_user, local_partition
 ):
@@ -119,6 +132,12 @@ def test_quota_requested_approved_in_the_console_then_a_job_completes_and_anothe
             page.get_by_role("button", name="Cancel job").click()
             expect(page.locator("#job-state")).to_have_attribute("data-state", "CANCELLED", timeout=WAIT_MS)
         assert_same_document(page)
+
+        outside_the_browser(earlier_weeks, Job.objects.get(pk=job_id))
+        page.get_by_role("link", name="Dashboard").click()
+        expect(page.locator("canvas#usage-chart[data-drawn]")).to_be_visible()
+        expect(page.get_by_text("Total: 42.00 GPU-hours")).to_be_visible()
+        screenshot(page, "dashboard-usage")
 
     quota_request = QuotaRequest.objects.get()
     assert quota_request.state == RequestState.APPROVED
