@@ -6,6 +6,7 @@ another and cancels it. A screenshot of each page lands under artifacts/."""
 
 from datetime import timedelta
 
+from django.db.models import F
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
@@ -82,9 +83,12 @@ def submit_through_the_form(page: Page, *, name: str, script: str) -> int:
 
 
 def earlier_weeks(job: Job) -> None:
-    """Finished jobs of the weeks before, as a team's history: the dashboard charts them by day."""
+    """Finished jobs of the weeks before, as a team's history, settled on its grant: the dashboard
+    charts them by day."""
     now = timezone.now()
-    for days_ago, hours in ((13, 4), (11, 6), (9, 3), (8, 7), (6, 5), (4, 8), (2, 4), (1, 5)):
+    history = ((13, 1.5), (11, 2), (9, 1), (8, 2.5), (6, 1), (4, 2), (2, 1), (1, 1))
+    QuotaGrant.objects.filter(pk=job.grant_id).update(gpu_hours_used=F("gpu_hours_used") + 12)
+    for days_ago, hours in history:
         Job.objects.create(
             tenant=job.tenant, submitted_by=job.submitted_by, name=f"train-{days_ago}", scenario=job.scenario,
             gpu_model=job.gpu_model, grant=job.grant, cluster=job.cluster, partition=job.partition, gpus=1,
@@ -136,7 +140,7 @@ def test_quota_requested_approved_in_the_console_then_a_job_completes_and_anothe
         outside_the_browser(earlier_weeks, Job.objects.get(pk=job_id))
         page.get_by_role("link", name="Dashboard").click()
         expect(page.locator("canvas#usage-chart[data-drawn]")).to_be_visible()
-        expect(page.get_by_text("Total: 42.00 GPU-hours")).to_be_visible()
+        expect(page.get_by_text("Total: 12.00 GPU-hours")).to_be_visible()
         screenshot(page, "dashboard-usage")
 
     quota_request = QuotaRequest.objects.get()
