@@ -225,8 +225,8 @@ CELERY_BEAT_SCHEDULE = {
 EMAIL_URL = env_secret("EMAIL_URL") or "console://"
 EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT_S", 10, minimum=1)
 DEFAULT_FROM_EMAIL = "GPU portal <portal@localhost>"
+globals().update(email_config(EMAIL_URL))  # ?from= in the URL replaces the sender above
 SERVER_EMAIL = DEFAULT_FROM_EMAIL
-globals().update(email_config(EMAIL_URL))
 
 # --- REST API (API.md, conventions)
 API_PAGE_SIZE = env_int("API_PAGE_SIZE", 50, minimum=1, maximum=200)

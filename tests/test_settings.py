@@ -113,3 +113,17 @@ def test_email_url_forms():
         email_config("pop3://mail.example.org")
     with pytest.raises(ImproperlyConfigured, match="names no SMTP host"):
         email_config("smtp://")
+
+
+def test_the_sender_of_error_mail_follows_the_email_urls_from(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-c", "import portal.settings as s; print(s.DEFAULT_FROM_EMAIL, s.SERVER_EMAIL)"],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL"}}
+        | {"VAR_DIR": str(tmp_path), "EMAIL_URL": "smtp://mail.example.org?from=gpu@example.org"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["gpu@example.org", "gpu@example.org"]
