@@ -148,6 +148,28 @@ FAIR_SHARE_HALF_LIFE_DAYS = env_int("FAIR_SHARE_HALF_LIFE_DAYS", 7, minimum=1)
 LOCAL_CLUSTER_GPUS = env_int("LOCAL_CLUSTER_GPUS", 4, minimum=0, maximum=64)
 JOB_LOG_MAX_BYTES = env_int("JOB_LOG_MAX_BYTES", 1_000_000, minimum=1000)
 
+# --- Cleanup (docs/periodic-tasks.md): each is a service with a beat task that audits what it
+# does; with CLEANUP_DRY_RUN every one of them reports what it would do and changes nothing.
+CLEANUP_DRY_RUN = env_bool("CLEANUP_DRY_RUN", False)
+# A job RUNNING longer than this is cancelled (reason walltime_cap), whatever it asked for.
+JOB_WALLTIME_CAP_HOURS = env_int("JOB_WALLTIME_CAP_HOURS", 72, minimum=1)
+# When a grant ends its waiting jobs are refused; its running jobs finish unless this is set.
+GRANT_END_CANCEL_RUNNING = env_bool("GRANT_END_CANCEL_RUNNING", False)
+# A suspended tenant gets no new work; its running jobs finish unless this is set.
+SUSPENDED_CANCEL_RUNNING = env_bool("SUSPENDED_CANCEL_RUNNING", False)
+# Files under a tenant's scratch directory older than this are deleted.
+SCRATCH_PURGE_DAYS = env_int("SCRATCH_PURGE_DAYS", 30, minimum=1)
+# Scheduler jobs carrying a portal token the portal does not know: reported, and cancelled if set.
+ORPHAN_CANCEL = env_bool("ORPHAN_CANCEL", False)
+# Finished jobs' events (all but the first and last) and the files the portal keeps of them.
+JOB_EVENT_RETENTION_DAYS = env_int("JOB_EVENT_RETENTION_DAYS", 365, minimum=1)
+JOB_LOG_RETENTION_DAYS = env_int("JOB_LOG_RETENTION_DAYS", 90, minimum=1)
+# A job whose GPUs all stayed below the threshold for the window is flagged to its owner by mail,
+# and cancelled (reason idle_gpus) after a second window when IDLE_GPU_CANCEL is set.
+IDLE_GPU_THRESHOLD_PCT = env_int("IDLE_GPU_THRESHOLD_PCT", 5, minimum=0, maximum=100)
+IDLE_GPU_WINDOW_MINUTES = env_int("IDLE_GPU_WINDOW_MINUTES", 120, minimum=1)
+IDLE_GPU_CANCEL = env_bool("IDLE_GPU_CANCEL", False)
+
 # --- Redis, or the embedded mode: with REDIS_URL unset the broker is kombu's filesystem
 # transport under var/, so a real, separate Celery worker runs with no server to install.
 REDIS_URL = env_secret("REDIS_URL")
@@ -219,6 +241,18 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 3600.0,
         "options": {"expires": 3000},
     },
+    # Cleanup (docs/periodic-tasks.md).
+    "cap-walltime": {"task": "jobs.tasks.cap_walltime", "schedule": 300.0, "options": {"expires": 280}},
+    "end-grants": {"task": "jobs.tasks.end_grants", "schedule": 600.0, "options": {"expires": 580}},
+    "hold-suspended-tenants": {
+        "task": "jobs.tasks.hold_suspended_tenants",
+        "schedule": 600.0,
+        "options": {"expires": 580},
+    },
+    "purge-scratch": {"task": "jobs.tasks.purge_scratch", "schedule": 86400.0, "options": {"expires": 80000}},
+    "find-orphans": {"task": "jobs.tasks.find_orphans", "schedule": 900.0, "options": {"expires": 880}},
+    "apply-retention": {"task": "jobs.tasks.apply_retention", "schedule": 86400.0, "options": {"expires": 80000}},
+    "watch-idle-gpus": {"task": "jobs.tasks.watch_idle_gpus", "schedule": 600.0, "options": {"expires": 580}},
 }
 
 # --- Mail

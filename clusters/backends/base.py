@@ -151,6 +151,38 @@ class Health:
     detail: str
 
 
+@dataclass(frozen=True)
+class SchedulerJob:
+    """A job the scheduler holds now under one of the portal's accounts (namespaces), with the
+    portal token it carries ("" when it carries none): what the orphan check compares."""
+
+    backend_id: str
+    token: str
+    account: str
+    state: str  # a portal state, as in JobStatus
+
+
+@dataclass(frozen=True)
+class PurgeReport:
+    """What a scratch purge deleted (or would delete, dry run) and what it refused, each path
+    relative to the tenant's scratch directory; refused maps a path to the reason."""
+
+    deleted: list[str]
+    refused: dict[str, str]
+    bytes_freed: int
+    dry_run: bool
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """GPU utilization of one job's GPUs at one moment: the lowest and highest over its GPUs."""
+
+    backend_id: str
+    gpus: int
+    min_pct: float
+    max_pct: float
+
+
 class Backend(Protocol):
     def submit(self, spec: JobSpec) -> str:
         """Submit; return the scheduler's id. Raises BackendUnavailable or BackendError."""
@@ -173,3 +205,20 @@ class Backend(Protocol):
         """Create or update the tenant's account/namespace and its limits. Idempotent."""
 
     def health(self) -> Health: ...
+
+    def list_jobs(self, accounts: list[str]) -> list[SchedulerJob]:
+        """Every job the scheduler holds now (not ended) under these accounts, with its token;
+        a bounded number of scheduler calls whatever the count."""
+
+    def purge_scratch(self, account: str, *, older_than_days: int, dry_run: bool) -> PurgeReport:
+        """Delete files older than `older_than_days` under the account's scratch directory and
+        nowhere else: a path outside it, or a symlink leading out, is refused and reported.
+        Runs fixed argv lists; no path from a user reaches a shell."""
+
+    def delete_finished(self, accounts: list[str], *, older_than_s: int, dry_run: bool) -> list[str]:
+        """Delete scheduler objects of jobs that ended more than `older_than_s` ago and that the
+        scheduler kept (Kubernetes Jobs past their TTL); the ids deleted. Others keep nothing: []."""
+
+    def gpu_utilization(self, backend_ids: list[str]) -> dict[str, GpuSample]:
+        """Per-job GPU utilization where the backend can read it (the local backend through
+        nvidia-smi); {} where it cannot (then a cluster's Prometheus/DCGM URL may)."""
