@@ -251,7 +251,11 @@ CELERY_BEAT_SCHEDULE = {
     },
     "purge-scratch": {"task": "jobs.tasks.purge_scratch", "schedule": 86400.0, "options": {"expires": 80000}},
     "find-orphans": {"task": "jobs.tasks.find_orphans", "schedule": 900.0, "options": {"expires": 880}},
-    "apply-retention": {"task": "jobs.tasks.apply_retention", "schedule": 86400.0, "options": {"expires": 80000}},
+    "apply-retention": {
+        "task": "jobs.tasks.apply_retention",
+        "schedule": 86400.0,
+        "options": {"expires": 80000},
+    },
     "watch-idle-gpus": {"task": "jobs.tasks.watch_idle_gpus", "schedule": 600.0, "options": {"expires": 580}},
 }
 
