@@ -123,18 +123,24 @@ def job_finish(*, job_id: int, status: JobStatus | None, reject_reason: str = ""
 # --- Cancel
 
 
-def job_cancel(*, actor: AbstractBaseUser, job: Job) -> Job:
+def job_cancel(*, actor: AbstractBaseUser | None, job: Job, reason: str = "") -> Job:
     """QUEUED → CANCELLED at once; SUBMITTING, PENDING or RUNNING → CANCELLING, and the
-    scheduler is told (the poll confirms CANCELLED). An ended job is a conflict."""
+    scheduler is told (the poll confirms CANCELLED). An ended job is a conflict. The portal's
+    own cleanup cancels with no actor and its reason (walltime_cap, idle_gpus, grant_ended…)."""
+    reason = reason or f"cancelled by {actor.get_username()}"
     with transaction.atomic():
         locked = Job.objects.select_for_update().get(pk=job.pk)
         if locked.state in END_STATES:
             raise Conflict(f"Job {locked.pk} has already ended ({locked.state}).")
         audit_record(
-            actor=actor, action="job.cancel", target=locked, tenant=job.tenant, data={"state": locked.state}
+            actor=actor,
+            action="job.cancel",
+            target=locked,
+            tenant=job.tenant,
+            data={"state": locked.state, "reason": reason},
         )
         if locked.state in (JobState.SUBMITTING, JobState.PENDING, JobState.RUNNING):
-            _move(locked, JobState.CANCELLING, reason=f"cancelled by {actor.get_username()}")
+            _move(locked, JobState.CANCELLING, reason=reason)
             locked.save(update_fields=["state", "reason", "raw_state"])
             if locked.backend_id:
                 _send("jobs.tasks.cancel_job", job_id=locked.pk)
@@ -145,7 +151,7 @@ def job_cancel(*, actor: AbstractBaseUser, job: Job) -> Job:
                 backend_id="",
                 state=JobState.CANCELLED,
                 raw_state="",
-                reason=f"cancelled by {actor.get_username()}",
+                reason=reason,
             ),
         )
     return Job.objects.get(pk=job.pk)
