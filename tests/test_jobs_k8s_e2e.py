@@ -99,10 +99,11 @@ def test_a_failing_script_ends_failed_with_its_exit_code(celery_worker, client_f
 def test_cancel_deletes_the_job(celery_worker, client_for, member, k8s, api):
     client = client_for(member)
     job = submit(client, script="#!/bin/bash\nsleep 120\n")
-    follow(client, job["id"], k8s.pk, {"RUNNING"})
+    running = follow(client, job["id"], k8s.pk, {"RUNNING"})  # the submit answer may predate dispatch
     assert client.post(f"/api/v1/jobs/{job['id']}/cancel/").status_code == 202
     follow(client, job["id"], k8s.pk, {"CANCELLED"}, timeout_s=30)
-    assert not [j for j in api.objects("Job") if j["metadata"]["name"] == job["backend_id"].split("/")[1]]
+    name = running["backend_id"].split("/")[1]
+    assert not [j for j in api.objects("Job") if j["metadata"]["name"] == name]
 
 
 def test_walltime_ends_in_timeout(celery_worker, client_for, member, k8s):
