@@ -34,6 +34,7 @@ class ClusterForm(forms.ModelForm):
     kubeconfig = forms.CharField(required=False, strip=False, widget=WriteOnlyTextarea(attrs={"rows": 4}))
     kubeconfig_clear = forms.BooleanField(required=False, label="Clear the kubeconfig")
     k8s_api_url = forms.URLField(required=False, assume_scheme="https")  # Django 6's default, now
+    metrics_url = forms.URLField(required=False, max_length=500, assume_scheme="https")
 
     class Meta:
         model = Cluster
@@ -131,6 +132,7 @@ class ClusterAdmin(admin.ModelAdmin):
             },
         ),
         ("Local", {"fields": ["local_gpus"]}),
+        ("GPU telemetry", {"fields": ["metrics_url"]}),
         ("Health", {"fields": ["health", "health_detail", "health_checked_at"]}),
     ]
 

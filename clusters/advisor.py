@@ -6,45 +6,35 @@ matters is the order of magnitude and arithmetic a researcher can check, so ever
 its steps as text and every answer states its assumptions. A model that cannot hold the job in
 memory even at `max_gpus` (or has no units for the asked precision) is left out of the options
 and named, with the reason, in the assumptions.
+
+The text is built in the active language (gettext, not lazy: an Advice is made per request and
+read once). Figures are formatted here, then passed as named placeholders, so a translation can
+reorder them but never reformats a number. What the three advisors share is in advisor_common.
 """
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
-GPUS_PER_NODE = 8
-MAX_GPUS = 256
-# CUDA/ROCm context, allocator fragmentation and communication buffers take the rest.
-USABLE_MEMORY = 0.9
-# NVLink-class links; below this, sharded training waits on gradient and parameter traffic.
-FAST_LINK_GBS = 300
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
-
-class GpuFigures(Protocol):
-    slug: str
-    name: str
-    memory_gb: int
-    fp64_tflops: float
-    fp32_tflops: float
-    fp16_tflops: float
-    memory_bandwidth_gbs: int
-    interconnect_gbs: int
-
-
-@dataclass(frozen=True)
-class Option:
-    gpu_model: str
-    gpus: int
-    nodes: int
-    gpu_hours: float
-    arithmetic: list[str]
-
-
-@dataclass(frozen=True)
-class Advice:
-    assumptions: list[str]
-    options: list[Option]
+from clusters.advisor_common import (
+    FAST_LINK_GBS,
+    GPUS_PER_NODE,
+    MAX_GPUS,
+    USABLE_MEMORY,
+    Advice,
+    GpuFigures,
+    Option,
+    advice_from,
+    memory_gpus,
+    no_rate,
+    nodes_for,
+    num,
+    pct,
+    too_big,
+)
 
 
 @dataclass(frozen=True)
@@ -79,46 +69,6 @@ class CfdJob:
     max_gpus: int = MAX_GPUS
 
 
-def _n(x: float) -> str:
-    """A figure as a reader wants it: thousands separated, three significant digits below 100."""
-    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
-
-
-def _nodes(gpus: int, per_node: int) -> int:
-    return math.ceil(gpus / per_node)
-
-
-def _memory_gpus(need_gb: float, gpu: GpuFigures, lines: list[str]) -> int:
-    usable = gpu.memory_gb * USABLE_MEMORY
-    count = max(1, math.ceil(need_gb / usable))
-    lines.append(
-        f"Usable memory per GPU: 90 % of {gpu.memory_gb} GB = {_n(usable)} GB → "
-        f"⌈{_n(need_gb)} / {_n(usable)}⌉ = {count} GPU(s) to hold the job"
-    )
-    return count
-
-
-def _too_big(gpu: GpuFigures, count: int, need_gb: float, max_gpus: int) -> str:
-    return (
-        f"{gpu.name} needs {count} GPUs of {gpu.memory_gb} GB for {_n(need_gb)} GB, over max_gpus={max_gpus}"
-    )
-
-
-def _advise(
-    gpus: Sequence[GpuFigures], size: Callable[[GpuFigures], Option | str], assumptions: list[str]
-) -> Advice:
-    options, left_out = [], []
-    for gpu in gpus:
-        sized = size(gpu)
-        if isinstance(sized, str):
-            left_out.append(sized)
-        else:
-            options.append(sized)
-    if left_out:
-        assumptions.append("Left out (cannot run this job): " + "; ".join(left_out) + ".")
-    return Advice(assumptions=assumptions, options=options)
-
-
 # --- AI training -------------------------------------------------------------------------------
 
 DEFAULT_TOKENS_B = 1.0
@@ -136,19 +86,34 @@ def _ai_state_gb(job: AiJob, params: float) -> tuple[float, str]:
     if job.method == "lora":
         base = WEIGHT_BYTES[job.precision] * params / 1e9
         adapters = 16 * LORA_TRAINABLE * params / 1e9
-        return base + adapters, (
-            f"LoRA: frozen weights {WEIGHT_BYTES[job.precision]} bytes/parameter × {job.params_b:g}e9 = "
-            f"{_n(base)} GB; adapters 1 % of the parameters × 16 bytes (mixed-precision Adam) = "
-            f"{_n(adapters)} GB; states {_n(base + adapters)} GB"
-        )
+        return base + adapters, _(
+            "LoRA: frozen weights %(bytes)s bytes/parameter × %(params_b)se9 = %(base_gb)s GB; adapters "
+            "%(adapter_pct)s %% of the parameters × 16 bytes (mixed-precision Adam) = %(adapters_gb)s GB; "
+            "states %(state_gb)s GB"
+        ) % {
+            "bytes": WEIGHT_BYTES[job.precision],
+            "params_b": f"{job.params_b:g}",
+            "base_gb": num(base),
+            "adapter_pct": f"{LORA_TRAINABLE * 100:g}",
+            "adapters_gb": num(adapters),
+            "state_gb": num(base + adapters),
+        }
     weights, grads, optimizer = FULL_BYTES[job.precision]
     per_param = weights + grads + optimizer
-    kind = "FP32 Adam" if job.precision == "fp32" else "mixed-precision Adam"
+    kind = "FP32 Adam" if job.precision == "fp32" else _("mixed-precision Adam")
     state = per_param * params / 1e9
-    return state, (
-        f"{per_param} bytes/parameter for {kind} ({weights} weights + {grads} grads + {optimizer} optimizer)"
-        f" × {job.params_b:g}e9 = {_n(state)} GB"
-    )
+    return state, _(
+        "%(per_param)s bytes/parameter for %(kind)s (%(weights)s weights + %(grads)s grads + "
+        "%(optimizer)s optimizer) × %(params_b)se9 = %(state_gb)s GB"
+    ) % {
+        "per_param": per_param,
+        "kind": kind,
+        "weights": weights,
+        "grads": grads,
+        "optimizer": optimizer,
+        "params_b": f"{job.params_b:g}",
+        "state_gb": num(state),
+    }
 
 
 def advise_ai(job: AiJob, gpus: Sequence[GpuFigures]) -> Advice:
@@ -161,43 +126,75 @@ def advise_ai(job: AiJob, gpus: Sequence[GpuFigures]) -> Advice:
     need_gb = state_gb * (1 + ACTIVATION_OVERHEAD)
     target_h = job.target_days * 24
     fp32 = job.precision == "fp32"
+    if job.tokens_b is None:
+        tokens = _(
+            "Training tokens: %(tokens_b)se9 (none given: a typical fine-tuning run; pre-training from "
+            "scratch wants ≈ 20 tokens per parameter)."
+        )
+    else:
+        tokens = _("Training tokens: %(tokens_b)se9.")
     assumptions = [
-        f"Training tokens: {tokens_b:g}e9"
-        + (
-            " (none given: a typical fine-tuning run; pre-training from scratch wants ≈ 20 tokens per "
-            "parameter)."
-            if job.tokens_b is None
-            else "."
+        tokens % {"tokens_b": f"{tokens_b:g}"},
+        _(
+            "Memory: model and optimizer states sharded over all GPUs (ZeRO-3/FSDP), plus %(overhead_pct)s "
+            "%% for activations (with checkpointing) and buffers; %(usable_pct)s %% of each GPU's memory "
+            "usable."
+        )
+        % {"overhead_pct": pct(ACTIVATION_OVERHEAD), "usable_pct": pct(USABLE_MEMORY)},
+        _(
+            "Compute: 6·N·T FLOP for full training (forward 2, backward 4), 4·N·T for LoRA (no weight "
+            "gradients for the frozen base); attention FLOPs not counted."
         ),
-        "Memory: model and optimizer states sharded over all GPUs (ZeRO-3/FSDP), plus 20 % for "
-        "activations (with checkpointing) and buffers; 90 % of each GPU's memory usable.",
-        "Compute: 6·N·T FLOP for full training (forward 2, backward 4), 4·N·T for LoRA (no weight "
-        "gradients for the frozen base); attention FLOPs not counted.",
-        f"Throughput: {MFU_FAST * 100:.0f} % model-FLOPs utilisation (MFU) of the dense peak; "
-        f"{MFU_PCIE * 100:.0f} % when more than one GPU shares PCIe-class links (< {FAST_LINK_GBS} GB/s). "
-        "GPU-hours do not grow with the GPU count (the MFU already pays for communication).",
-        f"Nodes of {job.gpus_per_node} GPUs; a multi-node job takes whole nodes; at most "
-        f"{job.max_gpus} GPUs; target {job.target_days:g} day(s).",
+        _(
+            "Throughput: %(mfu_fast)s %% model-FLOPs utilisation (MFU) of the dense peak; %(mfu_pcie)s %% "
+            "when more than one GPU shares PCIe-class links (< %(fast_link_gbs)s GB/s). GPU-hours do not "
+            "grow with the GPU count (the MFU already pays for communication)."
+        )
+        % {"mfu_fast": pct(MFU_FAST), "mfu_pcie": pct(MFU_PCIE), "fast_link_gbs": FAST_LINK_GBS},
+        # Two counts in one sentence, so no ngettext: English keeps its "GPUs" and "day(s)".
+        _(
+            "Nodes of %(gpus_per_node)s GPUs; a multi-node job takes whole nodes; at most %(max_gpus)s GPUs; "
+            "target %(target_days)s day(s)."
+        )
+        % {
+            "gpus_per_node": job.gpus_per_node,
+            "max_gpus": job.max_gpus,
+            "target_days": f"{job.target_days:g}",
+        },
     ]
     if job.precision == "fp8":
         assumptions.append(
-            "FP8: states as in BF16 mixed precision (master weights and Adam stay FP32); throughput "
-            "counted at the BF16 peak, since the FP8 speed-up depends on kernels and model."
+            _(
+                "FP8: states as in BF16 mixed precision (master weights and Adam stay FP32); throughput "
+                "counted at the BF16 peak, since the FP8 speed-up depends on kernels and model."
+            )
         )
     if job.method == "lora":
-        assumptions.append("LoRA: adapters ≈ 1 % of the parameters (rank 16 on every linear layer).")
+        assumptions.append(
+            _("LoRA: adapters ≈ %(adapter_pct)s %% of the parameters (rank 16 on every linear layer).")
+            % {"adapter_pct": f"{LORA_TRAINABLE * 100:g}"}
+        )
 
     def size(gpu: GpuFigures) -> Option | str:
         peak = gpu.fp32_tflops if fp32 else gpu.fp16_tflops
         if not peak:
-            return f"{gpu.name} has no {'FP32' if fp32 else 'FP16/BF16'} rate on record"
-        lines = [state_line, f"+ 20 % for activations and buffers = {_n(need_gb)} GB"]
-        mem = _memory_gpus(need_gb, gpu, lines)
+            return no_rate(gpu, "FP32" if fp32 else "FP16/BF16")
+        lines = [
+            state_line,
+            _("+ %(overhead_pct)s %% for activations and buffers = %(need_gb)s GB")
+            % {"overhead_pct": pct(ACTIVATION_OVERHEAD), "need_gb": num(need_gb)},
+        ]
+        mem = memory_gpus(need_gb, gpu, lines)
         if mem > job.max_gpus:
-            return _too_big(gpu, mem, need_gb, job.max_gpus)
+            return too_big(gpu, mem, need_gb, job.max_gpus)
         lines.append(
-            f"Compute: {flops_per_token} × {job.params_b:g}e9 parameters × {tokens_b:g}e9 tokens "
-            f"= {flops:.2e} FLOP"
+            _("Compute: %(per_token)s × %(params_b)se9 parameters × %(tokens_b)se9 tokens = %(flops)s FLOP")
+            % {
+                "per_token": flops_per_token,
+                "params_b": f"{job.params_b:g}",
+                "tokens_b": f"{tokens_b:g}",
+                "flops": f"{flops:.2e}",
+            }
         )
         mfu = MFU_FAST
         hours = flops / (peak * 1e12 * mfu) / 3600
@@ -207,30 +204,72 @@ def advise_ai(job: AiJob, gpus: Sequence[GpuFigures]) -> Advice:
             hours = flops / (peak * 1e12 * mfu) / 3600
         label = "FP32" if fp32 else "FP16/BF16"
         lines.append(
-            f"At {mfu * 100:.0f} % MFU of {_n(peak)} TFLOP/s dense {label} = {_n(peak * mfu)} TFLOP/s "
-            f"per GPU: {flops:.2e} / {peak * mfu:.3g}e12 / 3600 = {_n(hours)} GPU-hours"
+            _(
+                "At %(mfu)s %% MFU of %(peak)s TFLOP/s dense %(label)s = %(rate)s TFLOP/s per GPU: "
+                "%(flops)s / %(rate_e12)se12 / 3600 = %(hours)s GPU-hours"
+            )
+            % {
+                "mfu": pct(mfu),
+                "peak": num(peak),
+                "label": label,
+                "rate": num(peak * mfu),
+                "flops": f"{flops:.2e}",
+                "rate_e12": f"{peak * mfu:.3g}",
+                "hours": num(hours),
+            }
         )
         time_gpus = math.ceil(hours / target_h)
         lines.append(
-            f"Target {job.target_days:g} day(s) = {_n(target_h)} h: ⌈{_n(hours)} / {_n(target_h)}⌉ "
-            f"= {time_gpus} GPU(s)"
+            _("Target %(target_days)s day(s) = %(target_h)s h: ⌈%(hours)s / %(target_h)s⌉ = %(count)s GPU(s)")
+            % {
+                "target_days": f"{job.target_days:g}",
+                "target_h": num(target_h),
+                "hours": num(hours),
+                "count": time_gpus,
+            }
         )
         count = max(mem, time_gpus)
         if count > job.gpus_per_node:
-            whole = _nodes(count, job.gpus_per_node) * job.gpus_per_node
+            whole = nodes_for(count, job.gpus_per_node) * job.gpus_per_node
             lines.append(
-                f"max({mem}, {time_gpus}) = {count}, in whole nodes of {job.gpus_per_node}: {whole} GPUs"
+                ngettext(
+                    "max(%(mem)s, %(time_gpus)s) = %(count)s, in whole nodes of %(per_node)s: %(whole)s GPU",
+                    "max(%(mem)s, %(time_gpus)s) = %(count)s, in whole nodes of %(per_node)s: %(whole)s GPUs",
+                    whole,
+                )
+                % {
+                    "mem": mem,
+                    "time_gpus": time_gpus,
+                    "count": count,
+                    "per_node": job.gpus_per_node,
+                    "whole": whole,
+                }
             )
             count = whole
         if count > job.max_gpus:
-            lines.append(f"Capped at max_gpus = {job.max_gpus}")
+            lines.append(_("Capped at max_gpus = %(max_gpus)s") % {"max_gpus": job.max_gpus})
             count = job.max_gpus
         wall_h = hours / count
-        late = f", beyond the {job.target_days:g}-day target" if wall_h > target_h * 1.0001 else ""
-        lines.append(f"Wall time ≈ {_n(hours)} / {count} = {_n(wall_h)} h ({_n(wall_h / 24)} days{late})")
-        return Option(gpu.slug, count, _nodes(count, job.gpus_per_node), round(hours, 2), lines)
+        if wall_h > target_h * 1.0001:
+            wall = _(
+                "Wall time ≈ %(hours)s / %(count)s = %(wall_h)s h (%(wall_days)s days, beyond the "
+                "%(target_days)s-day target)"
+            )
+        else:
+            wall = _("Wall time ≈ %(hours)s / %(count)s = %(wall_h)s h (%(wall_days)s days)")
+        lines.append(
+            wall
+            % {
+                "hours": num(hours),
+                "count": count,
+                "wall_h": num(wall_h),
+                "wall_days": num(wall_h / 24),
+                "target_days": f"{job.target_days:g}",
+            }
+        )
+        return Option(gpu.slug, count, nodes_for(count, job.gpus_per_node), round(hours, 2), lines)
 
-    return _advise(gpus, size, assumptions)
+    return advice_from(gpus, size, assumptions)
 
 
 # --- Molecular dynamics ------------------------------------------------------------------------
@@ -255,61 +294,115 @@ def advise_md(job: MdJob, gpus: Sequence[GpuFigures]) -> Advice:
     effective_atoms = max(job.atoms, MD_LATENCY_ATOMS)
     need_gb = job.atoms * MD_BYTES_PER_ATOM / 1e9
     useful = max(1, job.atoms // MD_ATOMS_PER_GPU)
+    if job.simulated_ns is None:
+        length = _("Simulated length: %(simulated_ns)s ns (%(days)s days at %(ns_per_day)s ns/day).") % {
+            "simulated_ns": num(simulated_ns),
+            "days": f"{job.days:g}",
+            "ns_per_day": f"{job.ns_per_day:g}",
+        }
+    else:
+        length = _("Simulated length: %(simulated_ns)s ns.") % {"simulated_ns": num(simulated_ns)}
     assumptions = [
-        f"Simulated length: {_n(simulated_ns)} ns"
-        + (f" ({job.days:g} days at {job.ns_per_day:g} ns/day)." if job.simulated_ns is None else "."),
-        f"Throughput of one GPU: {MD_CALIBRATION:,} × time step (fs) × √(FP32 TFLOP/s × memory GB/s) ÷ "
-        "atoms, in ns/day; calibrated so one A100 runs a ≈ 1 M-atom PME system (STMV size) at ≈ 50 ns/day "
-        "with a 4 fs step, the order of public AMBER/GROMACS benchmarks. Measure your own system before "
-        "a large request.",
-        f"Below {MD_LATENCY_ATOMS:,} atoms a GPU is latency-bound: throughput stops growing as the "
-        "system shrinks.",
-        f"Scaling over MPI: each doubling of GPUs keeps {MD_KEPT_PER_DOUBLING * 100:.0f} % efficiency "
-        "(domain "
-        f"decomposition, PME all-to-all); no more than one GPU per {MD_ATOMS_PER_GPU:,} atoms.",
-        f"Memory: ≈ 1 kB per atom; 90 % of each GPU's memory usable. Time step {job.timestep_fs:g} fs; "
-        f"nodes of {job.gpus_per_node} GPUs; at most {job.max_gpus} GPUs.",
+        length,
+        _(
+            "Throughput of one GPU: %(calibration)s × time step (fs) × √(FP32 TFLOP/s × memory GB/s) ÷ "
+            "atoms, in ns/day; calibrated so one A100 runs a ≈ 1 M-atom PME system (STMV size) at ≈ 50 "
+            "ns/day with a 4 fs step, the order of public AMBER/GROMACS benchmarks. Measure your own "
+            "system before a large request."
+        )
+        % {"calibration": f"{MD_CALIBRATION:,}"},
+        _("Below %(atoms)s atoms a GPU is latency-bound: throughput stops growing as the system shrinks.")
+        % {"atoms": f"{MD_LATENCY_ATOMS:,}"},
+        _(
+            "Scaling over MPI: each doubling of GPUs keeps %(kept_pct)s %% efficiency (domain "
+            "decomposition, PME all-to-all); no more than one GPU per %(atoms_per_gpu)s atoms."
+        )
+        % {"kept_pct": pct(MD_KEPT_PER_DOUBLING), "atoms_per_gpu": f"{MD_ATOMS_PER_GPU:,}"},
+        _(
+            "Memory: ≈ 1 kB per atom; %(usable_pct)s %% of each GPU's memory usable. Time step "
+            "%(timestep_fs)s fs; nodes of %(gpus_per_node)s GPUs; at most %(max_gpus)s GPUs."
+        )
+        % {
+            "usable_pct": pct(USABLE_MEMORY),
+            "timestep_fs": f"{job.timestep_fs:g}",
+            "gpus_per_node": job.gpus_per_node,
+            "max_gpus": job.max_gpus,
+        },
     ]
 
     def size(gpu: GpuFigures) -> Option | str:
         index = math.sqrt(gpu.fp32_tflops * gpu.memory_bandwidth_gbs)
         if not index:
-            return f"{gpu.name} has no FP32 rate on record"
+            return no_rate(gpu, "FP32")
         one = MD_CALIBRATION * job.timestep_fs * index / effective_atoms
         lines = [
-            f"Memory: {job.atoms:,} atoms × 1 kB = {_n(need_gb)} GB",
+            _("Memory: %(atoms)s atoms × 1 kB = %(need_gb)s GB")
+            % {"atoms": f"{job.atoms:,}", "need_gb": num(need_gb)}
         ]
-        mem = _memory_gpus(need_gb, gpu, lines)
+        mem = memory_gpus(need_gb, gpu, lines)
         if mem > job.max_gpus:
-            return _too_big(gpu, mem, need_gb, job.max_gpus)
+            return too_big(gpu, mem, need_gb, job.max_gpus)
         lines += [
-            f"Throughput index √({_n(gpu.fp32_tflops)} TFLOP/s FP32 × {gpu.memory_bandwidth_gbs} GB/s) "
-            f"= {_n(index)}",
-            f"One GPU: {MD_CALIBRATION:,} × {job.timestep_fs:g} fs × {_n(index)} ÷ {effective_atoms:,} atoms "
-            f"= {_n(one)} ns/day",
+            _("Throughput index √(%(fp32)s TFLOP/s FP32 × %(bandwidth)s GB/s) = %(index)s")
+            % {"fp32": num(gpu.fp32_tflops), "bandwidth": gpu.memory_bandwidth_gbs, "index": num(index)},
+            _("One GPU: %(calibration)s × %(timestep_fs)s fs × %(index)s ÷ %(atoms)s atoms = %(one)s ns/day")
+            % {
+                "calibration": f"{MD_CALIBRATION:,}",
+                "timestep_fs": f"{job.timestep_fs:g}",
+                "index": num(index),
+                "atoms": f"{effective_atoms:,}",
+                "one": num(one),
+            },
         ]
         top = min(max(useful, mem), job.max_gpus)
         count = next((n for n in range(mem, top + 1) if one * _md_speedup(n) >= job.ns_per_day), top)
         rate = one * _md_speedup(count)
         if count > 1:
             lines.append(
-                f"{count} GPUs: speed-up {count} × 0.8^log2({count}) = {_md_speedup(count):.2f} "
-                f"→ {_n(rate)} ns/day"
+                ngettext(
+                    "%(count)s GPU: speed-up %(count)s × %(kept)s^log2(%(count)s) = %(speedup)s "
+                    "→ %(rate)s ns/day",
+                    "%(count)s GPUs: speed-up %(count)s × %(kept)s^log2(%(count)s) = %(speedup)s "
+                    "→ %(rate)s ns/day",
+                    count,
+                )
+                % {
+                    "count": count,
+                    "kept": f"{MD_KEPT_PER_DOUBLING:g}",
+                    "speedup": f"{_md_speedup(count):.2f}",
+                    "rate": num(rate),
+                }
             )
         if rate < job.ns_per_day:
             lines.append(
-                f"Short of the {job.ns_per_day:g} ns/day asked: more GPUs than {count} exceed max_gpus or "
-                f"leave fewer than {MD_ATOMS_PER_GPU:,} atoms per GPU"
+                _(
+                    "Short of the %(ns_per_day)s ns/day asked: more GPUs than %(count)s exceed max_gpus or "
+                    "leave fewer than %(atoms_per_gpu)s atoms per GPU"
+                )
+                % {
+                    "ns_per_day": f"{job.ns_per_day:g}",
+                    "count": count,
+                    "atoms_per_gpu": f"{MD_ATOMS_PER_GPU:,}",
+                }
             )
         wall_days = simulated_ns / rate
         gpu_hours = count * wall_days * 24
         lines.append(
-            f"{_n(simulated_ns)} ns ÷ {_n(rate)} ns/day = {_n(wall_days)} days × 24 h × {count} GPU(s) "
-            f"= {_n(gpu_hours)} GPU-hours"
+            _(
+                "%(simulated_ns)s ns ÷ %(rate)s ns/day = %(wall_days)s days × 24 h × %(count)s GPU(s) = "
+                "%(gpu_hours)s GPU-hours"
+            )
+            % {
+                "simulated_ns": num(simulated_ns),
+                "rate": num(rate),
+                "wall_days": num(wall_days),
+                "count": count,
+                "gpu_hours": num(gpu_hours),
+            }
         )
-        return Option(gpu.slug, count, _nodes(count, job.gpus_per_node), round(gpu_hours, 2), lines)
+        return Option(gpu.slug, count, nodes_for(count, job.gpus_per_node), round(gpu_hours, 2), lines)
 
-    return _advise(gpus, size, assumptions)
+    return advice_from(gpus, size, assumptions)
 
 
 # --- CFD and FEA -------------------------------------------------------------------------------
@@ -336,44 +429,97 @@ def advise_cfd(job: CfdJob, gpus: Sequence[GpuFigures]) -> Advice:
     useful = max(1, math.floor(job.cells_m / CFD_MIN_MCELLS_PER_GPU))
     target_h = job.target_days * 24
     assumptions = [
-        f"Work per cell and iteration (one implicit outer iteration or explicit step, linear-solver "
-        f"sweeps included): {CFD_BYTES_PER_CELL:,} bytes of memory traffic and {CFD_FLOP_PER_CELL:,} FLOP in "
-        "FP64; mixed precision moves 40 % fewer bytes and runs at the FP32 rate. An order of magnitude: "
-        "time 100 iterations of your case to calibrate.",
-        "Roofline: time = max(bytes ÷ 70 % of memory bandwidth, FLOP ÷ 50 % of peak).",
-        f"Memory: {CFD_GB_PER_MCELL['fp64']:g} GB per million cells in FP64, "
-        f"{CFD_GB_PER_MCELL['mixed']:g} GB "
-        "mixed (mesh, fields, matrix, multigrid); 90 % of each GPU's memory usable.",
-        f"Decomposition: at least {CFD_MIN_MCELLS_PER_GPU:g} M cells per GPU; "
-        f"{CFD_PARALLEL_EFFICIENCY * 100:.0f} % "
-        f"parallel efficiency on more than one GPU. Target {job.target_days:g} day(s); nodes of "
-        f"{job.gpus_per_node} GPUs; at most {job.max_gpus} GPUs.",
+        _(
+            "Work per cell and iteration (one implicit outer iteration or explicit step, linear-solver "
+            "sweeps included): %(bytes)s bytes of memory traffic and %(flop)s FLOP in FP64; mixed precision "
+            "moves %(fewer_pct)s %% fewer bytes and runs at the FP32 rate. An order of magnitude: time 100 "
+            "iterations of your case to calibrate."
+        )
+        % {
+            "bytes": f"{CFD_BYTES_PER_CELL:,}",
+            "flop": f"{CFD_FLOP_PER_CELL:,}",
+            "fewer_pct": pct(1 - CFD_MIXED_BYTES),
+        },
+        _(
+            "Roofline: time = max(bytes ÷ %(bandwidth_pct)s %% of memory bandwidth, FLOP ÷ %(flop_pct)s %% "
+            "of peak)."
+        )
+        % {"bandwidth_pct": pct(CFD_BANDWIDTH_EFFICIENCY), "flop_pct": pct(CFD_FLOP_EFFICIENCY)},
+        _(
+            "Memory: %(fp64_gb)s GB per million cells in FP64, %(mixed_gb)s GB mixed (mesh, fields, matrix, "
+            "multigrid); %(usable_pct)s %% of each GPU's memory usable."
+        )
+        % {
+            "fp64_gb": f"{CFD_GB_PER_MCELL['fp64']:g}",
+            "mixed_gb": f"{CFD_GB_PER_MCELL['mixed']:g}",
+            "usable_pct": pct(USABLE_MEMORY),
+        },
+        _(
+            "Decomposition: at least %(min_mcells)s M cells per GPU; %(efficiency_pct)s %% parallel "
+            "efficiency on more than one GPU. Target %(target_days)s day(s); nodes of %(gpus_per_node)s "
+            "GPUs; at most %(max_gpus)s GPUs."
+        )
+        % {
+            "min_mcells": f"{CFD_MIN_MCELLS_PER_GPU:g}",
+            "efficiency_pct": pct(CFD_PARALLEL_EFFICIENCY),
+            "target_days": f"{job.target_days:g}",
+            "gpus_per_node": job.gpus_per_node,
+            "max_gpus": job.max_gpus,
+        },
     ]
 
     def size(gpu: GpuFigures) -> Option | str:
         peak = gpu.fp64_tflops if fp64 else gpu.fp32_tflops
         label = "FP64" if fp64 else "FP32"
         if not peak:
-            return f"{gpu.name} has no {label} units"
+            return _("%(name)s has no %(label)s units") % {"name": gpu.name, "label": label}
         lines = [
-            f"Memory: {job.cells_m:g} M cells × {CFD_GB_PER_MCELL[job.precision]:g} GB = {_n(need_gb)} GB"
+            _("Memory: %(cells_m)s M cells × %(gb_per_mcell)s GB = %(need_gb)s GB")
+            % {
+                "cells_m": f"{job.cells_m:g}",
+                "gb_per_mcell": f"{CFD_GB_PER_MCELL[job.precision]:g}",
+                "need_gb": num(need_gb),
+            }
         ]
-        mem = _memory_gpus(need_gb, gpu, lines)
+        mem = memory_gpus(need_gb, gpu, lines)
         if mem > job.max_gpus:
-            return _too_big(gpu, mem, need_gb, job.max_gpus)
+            return too_big(gpu, mem, need_gb, job.max_gpus)
         t_bytes = per_cell_bytes / (CFD_BANDWIDTH_EFFICIENCY * gpu.memory_bandwidth_gbs * 1e9)
         t_flop = CFD_FLOP_PER_CELL / (CFD_FLOP_EFFICIENCY * peak * 1e12)
         per_cell = max(t_bytes, t_flop)
-        bound = "bandwidth" if t_bytes >= t_flop else "compute"
+        bound = _("bandwidth-bound") if t_bytes >= t_flop else _("compute-bound")
         lines.append(
-            f"Per cell-iteration: {per_cell_bytes:,.0f} bytes ÷ 70 % of {gpu.memory_bandwidth_gbs} GB/s = "
-            f"{t_bytes * 1e9:.3g} ns; {CFD_FLOP_PER_CELL:,} FLOP ÷ 50 % of {_n(peak)} TFLOP/s {label} = "
-            f"{t_flop * 1e9:.3g} ns → {bound}-bound, {per_cell * 1e9:.3g} ns"
+            _(
+                "Per cell-iteration: %(bytes)s bytes ÷ %(bandwidth_pct)s %% of %(bandwidth)s GB/s = "
+                "%(t_bytes)s ns; %(flop)s FLOP ÷ %(flop_pct)s %% of %(peak)s TFLOP/s %(label)s = "
+                "%(t_flop)s ns → %(bound)s, %(per_cell)s ns"
+            )
+            % {
+                "bytes": f"{per_cell_bytes:,.0f}",
+                "bandwidth_pct": pct(CFD_BANDWIDTH_EFFICIENCY),
+                "bandwidth": gpu.memory_bandwidth_gbs,
+                "t_bytes": f"{t_bytes * 1e9:.3g}",
+                "flop": f"{CFD_FLOP_PER_CELL:,}",
+                "flop_pct": pct(CFD_FLOP_EFFICIENCY),
+                "peak": num(peak),
+                "label": label,
+                "t_flop": f"{t_flop * 1e9:.3g}",
+                "bound": bound,
+                "per_cell": f"{per_cell * 1e9:.3g}",
+            }
         )
         one_gpu_h = cell_iterations * per_cell / 3600
         lines.append(
-            f"{job.cells_m:g}e6 cells × {job.iterations:,} iterations × {per_cell * 1e9:.3g} ns = "
-            f"{_n(one_gpu_h)} hours on one GPU"
+            _(
+                "%(cells_m)se6 cells × %(iterations)s iterations × %(per_cell)s ns = %(hours)s hours on "
+                "one GPU"
+            )
+            % {
+                "cells_m": f"{job.cells_m:g}",
+                "iterations": f"{job.iterations:,}",
+                "per_cell": f"{per_cell * 1e9:.3g}",
+                "hours": num(one_gpu_h),
+            }
         )
         time_gpus = (
             1 if one_gpu_h <= target_h else math.ceil(one_gpu_h / (CFD_PARALLEL_EFFICIENCY * target_h))
@@ -381,16 +527,44 @@ def advise_cfd(job: CfdJob, gpus: Sequence[GpuFigures]) -> Advice:
         count = min(max(mem, min(time_gpus, useful)), job.max_gpus)
         if time_gpus > 1:
             lines.append(
-                f"Target {_n(target_h)} h: ⌈{_n(one_gpu_h)} / (90 % × {_n(target_h)})⌉ = {time_gpus} GPUs; "
-                f"useful up to {useful} ({CFD_MIN_MCELLS_PER_GPU:g} M cells each) → {count}"
+                ngettext(
+                    "Target %(target_h)s h: ⌈%(hours)s / (%(efficiency_pct)s %% × %(target_h)s)⌉ = "
+                    "%(time_gpus)s GPU; useful up to %(useful)s (%(min_mcells)s M cells each) → %(count)s",
+                    "Target %(target_h)s h: ⌈%(hours)s / (%(efficiency_pct)s %% × %(target_h)s)⌉ = "
+                    "%(time_gpus)s GPUs; useful up to %(useful)s (%(min_mcells)s M cells each) → %(count)s",
+                    time_gpus,
+                )
+                % {
+                    "target_h": num(target_h),
+                    "hours": num(one_gpu_h),
+                    "efficiency_pct": pct(CFD_PARALLEL_EFFICIENCY),
+                    "time_gpus": time_gpus,
+                    "useful": useful,
+                    "min_mcells": f"{CFD_MIN_MCELLS_PER_GPU:g}",
+                    "count": count,
+                }
             )
         gpu_hours = one_gpu_h / (CFD_PARALLEL_EFFICIENCY if count > 1 else 1)
         wall_h = gpu_hours / count
-        late = f", beyond the {job.target_days:g}-day target" if wall_h > target_h * 1.0001 else ""
-        lines.append(f"{count} GPU(s): {_n(gpu_hours)} GPU-hours, wall time ≈ {_n(wall_h)} h{late}")
-        return Option(gpu.slug, count, _nodes(count, job.gpus_per_node), round(gpu_hours, 2), lines)
+        if wall_h > target_h * 1.0001:
+            total = _(
+                "%(count)s GPU(s): %(gpu_hours)s GPU-hours, wall time ≈ %(wall_h)s h, beyond the "
+                "%(target_days)s-day target"
+            )
+        else:
+            total = _("%(count)s GPU(s): %(gpu_hours)s GPU-hours, wall time ≈ %(wall_h)s h")
+        lines.append(
+            total
+            % {
+                "count": count,
+                "gpu_hours": num(gpu_hours),
+                "wall_h": num(wall_h),
+                "target_days": f"{job.target_days:g}",
+            }
+        )
+        return Option(gpu.slug, count, nodes_for(count, job.gpus_per_node), round(gpu_hours, 2), lines)
 
-    return _advise(gpus, size, assumptions)
+    return advice_from(gpus, size, assumptions)
 
 
 ADVISORS = {"ai": advise_ai, "md": advise_md, "cfd": advise_cfd}

@@ -1,4 +1,4 @@
-from django.core.validators import MinValueValidator
+from django.core.validators import MinValueValidator, URLValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
@@ -124,6 +124,14 @@ class Cluster(models.Model):
     )
     # Local: GPUs on the portal's own machine; 0 means "as many as nvidia-smi finds".
     local_gpus = models.PositiveIntegerField(default=0)
+    # GPU telemetry where the backend has none of its own: a DCGM exporter's /metrics, or a
+    # Prometheus's /federate?match[]=DCGM_FI_DEV_GPU_UTIL (clusters/gpu_metrics.py).
+    metrics_url = models.URLField(
+        max_length=500,
+        blank=True,
+        validators=[URLValidator(schemes=["http", "https"])],
+        help_text=_("Prometheus or DCGM exporter URL with per-job GPU utilization; blank: none"),
+    )
     # Health, as the last check saw it.
     healthy = models.BooleanField(default=False)
     health_detail = models.CharField(max_length=500, blank=True)

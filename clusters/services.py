@@ -28,6 +28,7 @@ def cluster_config(cluster: Cluster) -> ClusterConfig:
         k8s_image=cluster.k8s_image,
         local_gpus=cluster.local_gpus,
         state_dir=str(settings.VAR_DIR / "local-cluster" / cluster.slug),
+        nvidia_smi=settings.LOCAL_NVIDIA_SMI,
     )
 
 

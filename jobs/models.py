@@ -91,6 +91,10 @@ class Job(models.Model):
     dispatch_lease_until = models.DateTimeField(null=True, blank=True)
     idempotency_key = models.CharField(max_length=128, blank=True)
     request_digest = models.CharField(max_length=64, blank=True)
+    # Idle GPUs (jobs/services/idle.py): the first sample under the threshold in the current idle
+    # stretch, null while busy or unknown; when this stretch was mailed to the submitter.
+    gpu_idle_since = models.DateTimeField(null=True, blank=True)
+    gpu_idle_flagged_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]

@@ -78,3 +78,51 @@ def apply_tenants() -> int:
     for tenant_id in ids:
         apply_tenant.delay(tenant_id=tenant_id)
     return len(ids)
+
+
+@shared_task(acks_late=True, soft_time_limit=240, time_limit=300)
+def watch_idle_gpus() -> dict:
+    """Beat: idle stretches of RUNNING jobs' GPUs; a flag mailed after one window, and with
+    IDLE_GPU_CANCEL RUNNING → CANCELLING after a second. No retry: the next beat samples anew."""
+    return services.jobs_watch_idle().as_dict()
+
+
+# --- Cleanup (jobs/services/cleanup.py, docs/periodic-tasks.md): beat runs each; none retries, since
+# the next beat does the work anew. Each returns its report as a dict. The run lock of the cleanup
+# services outlives the longest hard limit below (cleanup.RUN_LOCK_S).
+
+
+@shared_task(acks_late=True, soft_time_limit=240, time_limit=300)
+def cap_walltime() -> dict:
+    """Beat: RUNNING → CANCELLING (walltime_cap) past JOB_WALLTIME_CAP_HOURS."""
+    return services.jobs_cap_walltime().as_dict()
+
+
+@shared_task(acks_late=True, soft_time_limit=240, time_limit=300)
+def end_grants() -> dict:
+    """Beat: jobs waiting on ended grants → CANCELLED/CANCELLING (grant_ended); limits lowered."""
+    return services.grants_end().as_dict()
+
+
+@shared_task(acks_late=True, soft_time_limit=240, time_limit=300)
+def hold_suspended_tenants() -> dict:
+    """Beat: suspended tenants' jobs in a scheduler → CANCELLING (tenant_suspended); QUEUED held."""
+    return services.tenants_hold_suspended().as_dict()
+
+
+@shared_task(acks_late=True, soft_time_limit=1700, time_limit=1800)
+def purge_scratch() -> dict:
+    """Beat, daily: old files under each tenant's scratch directory on each cluster."""
+    return services.scratch_purge().as_dict()
+
+
+@shared_task(acks_late=True, soft_time_limit=600, time_limit=660)
+def find_orphans() -> dict:
+    """Beat: scheduler jobs with a portal token and no live portal job, reported (and cancelled)."""
+    return services.orphans_find().as_dict()
+
+
+@shared_task(acks_late=True, soft_time_limit=1700, time_limit=1800)
+def apply_retention() -> dict:
+    """Beat, daily: old scheduler objects and the middle of old finished jobs' timelines."""
+    return services.retention_apply().as_dict()

@@ -122,7 +122,9 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
 
+# The pages follow each browser's choice; mail goes out in this one (MAIL_LANGUAGE: en or zh-hans).
 LANGUAGE_CODE = "en"
+MAIL_LANGUAGE = env_choice("MAIL_LANGUAGE", "en", {"en", "zh-hans"})
 LANGUAGES = [("en", "English"), ("zh-hans", "简体中文")]
 LOCALE_PATHS = [BASE_DIR / "locale"]
 TIME_ZONE = env_str("TIME_ZONE", "UTC")
@@ -146,6 +148,8 @@ JOB_DISPATCH_LEASE_S = env_int("JOB_DISPATCH_LEASE_S", 180, minimum=JOB_DISPATCH
 JOB_LOST_GRACE_S = env_int("JOB_LOST_GRACE_S", 300, minimum=30)
 FAIR_SHARE_HALF_LIFE_DAYS = env_int("FAIR_SHARE_HALF_LIFE_DAYS", 7, minimum=1)
 LOCAL_CLUSTER_GPUS = env_int("LOCAL_CLUSTER_GPUS", 4, minimum=0, maximum=64)
+# The local cluster reads its GPUs' utilization (idle GPUs) with this nvidia-smi.
+LOCAL_NVIDIA_SMI = env_str("LOCAL_NVIDIA_SMI", "nvidia-smi")
 JOB_LOG_MAX_BYTES = env_int("JOB_LOG_MAX_BYTES", 1_000_000, minimum=1000)
 
 # --- Cleanup (docs/periodic-tasks.md): each is a service with a beat task that audits what it

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.core.mail import send_mail
 from django.db import transaction
 from django.template.loader import render_to_string
+from django.utils import translation
 
 log = logging.getLogger(__name__)
 
@@ -15,8 +16,10 @@ def mail_on_commit(*, template: str, to: list[str], context: dict) -> None:
     if not to:
         return
     context = {"site_url": settings.SITE_URL, **context}
-    subject = render_to_string(f"mail/{template}_subject.txt", context).strip()
-    body = render_to_string(f"mail/{template}.txt", context)
+    # In the site's mail language, not in whatever language the request or task has active.
+    with translation.override(settings.MAIL_LANGUAGE):
+        subject = render_to_string(f"mail/{template}_subject.txt", context).strip()
+        body = render_to_string(f"mail/{template}.txt", context)
 
     def send() -> None:
         try:

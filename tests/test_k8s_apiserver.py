@@ -506,6 +506,22 @@ def test_ttl_after_finished_deletes_the_job_and_its_pods(k8s, ns):
     wait_for(lambda: job_pods(k8s, ns, "ttl") == [], what="pods gone")
 
 
+def test_delete_precondition_uid_and_backdate(api, k8s, ns):
+    k8s.batch.create_namespaced_job(ns, job_body("done", "true", ttl_seconds_after_finished=3600))
+    assert wait_for(lambda: job_condition(k8s, ns, "done")).type == "Complete"
+    job = k8s.batch.read_namespaced_job("done", ns)
+    wrong = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid="0000"))
+    with pytest.raises(client.ApiException) as refused:
+        k8s.batch.delete_namespaced_job("done", ns, body=wrong)
+    assert refused.value.status == 409 and "Precondition failed" in status_of(refused.value)["message"]
+
+    api.backdate("Job", ns, "done", 7200)  # ended two hours ago: past its TTL of one hour
+    moved = k8s.batch.read_namespaced_job("done", ns).status
+    assert (job.status.completion_time - moved.completion_time).total_seconds() == 7200
+    assert (job.status.start_time - moved.start_time).total_seconds() == 7200
+    wait_for(lambda: not api.objects("Job") and job_pods(k8s, ns, "done") == [], what="the TTL to fire")
+
+
 def test_scheduling_by_selector_taints_and_room_and_oom_mapping(k8s, ns):
     h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     unschedulable = {

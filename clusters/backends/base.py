@@ -59,6 +59,7 @@ class ClusterConfig:
     uses_kueue: bool = False
     local_gpus: int = 0
     state_dir: str = ""  # local backend: where it keeps job files and pid records
+    nvidia_smi: str = "nvidia-smi"  # local backend: the program (a name on PATH, or a path)
     # kubernetes backend: the default container image of a job; the ClusterQueue that tenants'
     # LocalQueues feed (Kueue clusters); ttlSecondsAfterFinished of Jobs; count/jobs.batch per tenant
     k8s_image: str = "docker.io/library/python:3.11-slim"

@@ -5,6 +5,7 @@ For a single shared GPU server and for the demo. Everything lives under config.s
     alloc.json, alloc.lock   GPUs in use and the FIFO queue; changed only under flock(alloc.lock)
     ids/<backend id>         the job's token, so that poll and cancel find its directory
     jobs/<token>/            the job's cwd: <token>.sh, <token>.out, and .portal/ with our records
+    scratch/<account>/       the tenant's jobs' shared scratch, PORTAL_SCRATCH (or <scratch_root>/<account>)
 
 A job is started through a small Python wrapper in its own session and process group. The wrapper
 runs `/bin/bash <token>.sh`, reaps the job's orphans as a subreaper and writes the exit code to
@@ -35,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from clusters.backends import base
+from clusters.backends import base, local_cleanup
 from clusters.backends.base import BackendError, ClusterConfig, Health, JobRef, JobSpec, JobStatus, LogTail
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -225,10 +226,17 @@ class LocalBackend:
                 (tmp / f"{spec.token}.sh").write_text(spec.script)
                 (tmp / ".portal").mkdir()
                 record = {"id": backend_id, "token": spec.token, "name": spec.name, "env": dict(spec.env)}
+                record["account"] = spec.account
                 _write_json(tmp / ".portal" / "job.json", {**record, "submitted_at": time.time()})
                 (self._root / "ids" / backend_id).write_text(spec.token)
                 state["queue"].append(
-                    dict(id=backend_id, token=spec.token, gpus=spec.gpus, walltime=spec.walltime_minutes)
+                    dict(
+                        id=backend_id,
+                        token=spec.token,
+                        gpus=spec.gpus,
+                        walltime=spec.walltime_minutes,
+                        account=spec.account,
+                    )
                 )
                 # Saved before the directory appears: a crash in between leaves a queue entry with no
                 # directory (dropped later; find() says None, so the portal submits again), never a
@@ -329,6 +337,51 @@ class LocalBackend:
             return Health(healthy=False, detail=f"state directory not writable: {exc}")
         return Health(healthy=True, detail=f"{len(self.gpus)} GPUs; state in {root}")
 
+    # -- cleanup (local_cleanup.py) -------------------------------------------------------------
+
+    def list_jobs(self, accounts: list[str]) -> list[base.SchedulerJob]:
+        """The running and waiting jobs of these accounts, from the allocation state alone (no
+        process is asked). A job submitted before the state recorded accounts is in no account."""
+        wanted = set(accounts)
+        with self._locked() as state:
+            self._settle(state)  # a job that has ended is not listed as running
+        listed = [(job, base.RUNNING) for job in state["running"].values()]
+        listed += [(job, base.PENDING) for job in state["queue"]]
+        return [
+            base.SchedulerJob(job["id"], job["token"], job["account"], job_state)
+            for job, job_state in listed
+            if job.get("account") in wanted
+        ]
+
+    def purge_scratch(self, account: str, *, older_than_days: int, dry_run: bool) -> base.PurgeReport:
+        """The tenant's scratch directory (PORTAL_SCRATCH of its jobs), walked without following
+        any symlink; local_cleanup.py says what is deleted and what is refused."""
+        root = self._scratch_dir(local_cleanup.check_account(account))
+        return local_cleanup.purge_tree(root, older_than_days=older_than_days, dry_run=dry_run)
+
+    def delete_finished(self, accounts: list[str], *, older_than_s: int, dry_run: bool) -> list[str]:
+        """The portal's log retention on this cluster: the directories (script, output, records) of
+        these accounts' jobs that ended more than older_than_s ago, and their ids; poll and find
+        know such a job no more. Moved aside under the lock, deleted after it."""
+        if isinstance(older_than_s, bool) or not isinstance(older_than_s, int) or older_than_s < 0:
+            raise BackendError(f"invalid age in seconds {older_than_s!r}")
+        cutoff = time.time() - older_than_s
+        with self._locked() as state:
+            self._settle(state)
+            live = {job["token"] for job in [*state["running"].values(), *state["queue"]]}
+            ended = local_cleanup.ended_before(self._root / "jobs", set(accounts), cutoff, live)
+            for backend_id, token in [] if dry_run else ended:
+                local_cleanup.retire(self._root, backend_id, token)
+        if not dry_run:
+            local_cleanup.remove_retired(self._root / "jobs")
+        return [backend_id for backend_id, _token in ended]
+
+    def _scratch_dir(self, account: str) -> Path:
+        """<scratch root>/<account>: the cluster's scratch_root if absolute, else under state_dir."""
+        configured = self.config.scratch_root
+        base_dir = Path(configured) if configured.startswith("/") else self._root / (configured or "scratch")
+        return base_dir / account
+
     # -- state and records ---------------------------------------------------------------------
 
     @property
@@ -413,6 +466,11 @@ class LocalBackend:
         env = {name: os.environ[name] for name in _INHERITED_ENV if name in os.environ}
         env |= record["env"]
         env |= {"PORTAL_JOB_ID": backend_id, "PORTAL_JOB_NAME": record["name"], "PORTAL_JOB_TOKEN": token}
+        if local_cleanup.ACCOUNT_RE.fullmatch(record.get("account", "")):  # the tenant's shared scratch
+            scratch = self._scratch_dir(record["account"])
+            with contextlib.suppress(OSError):  # a job without scratch still runs
+                scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
+                env["PORTAL_SCRATCH"] = str(scratch)
         # nvidia-smi numbers GPUs in PCI bus order, CUDA by default fastest first.
         env |= {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
         _write_json(meta / "env.json", env)
@@ -510,3 +568,15 @@ class LocalBackend:
         if any(job["id"] == backend_id for job in state["queue"]):
             return JobStatus(backend_id, base.PENDING, "PENDING", reason="Resources")
         return None
+
+    def gpu_utilization(self, backend_ids: list[str]) -> dict[str, base.GpuSample]:
+        """The GPUs of each running job, from one nvidia-smi call: a job holds the GPU indexes it
+        was started with (its CUDA_VISIBLE_DEVICES, in nvidia-smi's PCI bus order). {} when none of
+        these jobs runs or there is no nvidia-smi; a job with a GPU that nvidia-smi did not report
+        is left out; BackendUnavailable when nvidia-smi hangs."""
+        from clusters.backends.local_gpus import job_samples  # the telemetry helper, kept apart
+
+        # Read without the lock: _write_json replaces alloc.json whole, and nothing here changes it.
+        running = (_read_json(self._root / "alloc.json") or {}).get("running", {})
+        held = {bid: running[bid]["gpus"] for bid in backend_ids if bid in running}
+        return job_samples(held, self.config.nvidia_smi)

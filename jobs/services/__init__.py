@@ -1,5 +1,19 @@
 """Every write about jobs, one module per part of a job's flow; imported from here."""
 
+from jobs.services.cleanup import (
+    GrantEndReport,
+    OrphanReport,
+    RetentionReport,
+    ScratchReport,
+    SuspendedReport,
+    WalltimeCapReport,
+    grants_end,
+    jobs_cap_walltime,
+    orphans_find,
+    retention_apply,
+    scratch_purge,
+    tenants_hold_suspended,
+)
 from jobs.services.dispatch import _claim, _spec, job_dispatch, jobs_sweep
 from jobs.services.follow import (
     job_apply_status,
@@ -9,14 +23,23 @@ from jobs.services.follow import (
     job_log_tail,
     jobs_poll,
 )
+from jobs.services.idle import IdleReport, jobs_watch_idle
 from jobs.services.limits import tenant_apply, tenant_limits
 from jobs.services.submit import JobPreview, JobRequest, job_preview, job_submit, jobs_admit, request_digest
 
 __all__ = [
+    "GrantEndReport",
+    "IdleReport",
     "JobPreview",
     "JobRequest",
+    "OrphanReport",
+    "RetentionReport",
+    "ScratchReport",
+    "SuspendedReport",
+    "WalltimeCapReport",
     "_claim",
     "_spec",
+    "grants_end",
     "job_apply_status",
     "job_cancel",
     "job_cancel_in_scheduler",
@@ -26,9 +49,15 @@ __all__ = [
     "job_preview",
     "job_submit",
     "jobs_admit",
+    "jobs_cap_walltime",
     "jobs_poll",
     "jobs_sweep",
+    "jobs_watch_idle",
+    "orphans_find",
     "request_digest",
+    "retention_apply",
+    "scratch_purge",
     "tenant_apply",
     "tenant_limits",
+    "tenants_hold_suspended",
 ]

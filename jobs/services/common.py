@@ -4,6 +4,7 @@ import logging
 
 from celery import current_app
 from django.db import transaction
+from kombu.exceptions import OperationalError
 
 from jobs.models import Job, JobEvent
 from jobs.states import check_move
@@ -12,12 +13,24 @@ log = logging.getLogger("jobs.services")
 
 
 def _send(task: str, **kwargs) -> None:
-    """Enqueue after commit. By name: tasks import services, so services must not import tasks."""
-    transaction.on_commit(lambda: _send_now(task, **kwargs))
+    """Enqueue after commit. By name: tasks import services, so services must not import tasks.
+    A broker that is down costs the message, not the request: what was committed stays, and
+    the sweep re-sends it from the database once the broker is back (DESIGN.md, step 6)."""
+
+    def send() -> None:
+        try:
+            _send_now(task, **kwargs)
+        except OperationalError as exc:
+            log.warning("broker unreachable, %s(%s) left to the sweep: %s", task, kwargs, exc)
+
+    transaction.on_commit(send)
 
 
 def _send_now(task: str, **kwargs) -> None:
-    current_app.send_task(task, kwargs=kwargs)
+    # ignore_result: nobody waits for these. Outside a worker, Celery would otherwise subscribe
+    # to the result backend before publishing, which with Redis down blocks for ~20 s and then
+    # leaves the process's result consumer broken until it restarts.
+    current_app.send_task(task, kwargs=kwargs, ignore_result=True)
 
 
 def _move(job: Job, to_state: str, *, reason: str = "", raw_state: str = "") -> None:

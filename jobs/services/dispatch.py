@@ -2,7 +2,6 @@
 
 from datetime import timedelta
 
-from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
@@ -18,7 +17,7 @@ from clusters.services import backend_of, cluster_mark_health
 from jobs.models import Job, JobState
 from jobs.services.common import _move, _send_now
 from jobs.services.follow import job_finish
-from jobs.services.submit import jobs_admit
+from jobs.services.submit import job_unadmit_if_held, jobs_admit
 
 # --- Dispatch
 
@@ -35,12 +34,17 @@ def _claim(job_id: int) -> Job | None:
     ):
         return None
     with transaction.atomic():
+        # of=self: the job row alone. A plain FOR UPDATE with select_related also locks its
+        # cluster, partition, GPU model and tenant rows, in whatever order the join yields them,
+        # and deadlocked with job_submit, which locks partition and cluster first.
         job = (
-            Job.objects.select_for_update()
+            Job.objects.select_for_update(of=("self",))
             .select_related("cluster", "partition", "gpu_model", "tenant")
             .get(pk=job_id)
         )
         if job.state == JobState.QUEUED:
+            if job_unadmit_if_held(job):  # suspended or grant ended since admission: not submitted
+                return None
             _move(job, JobState.SUBMITTING)
             job.save(update_fields=["state", "reason", "raw_state"])
         elif job.state != JobState.SUBMITTING:
@@ -119,7 +123,7 @@ def jobs_sweep() -> int:
         .values_list("pk", flat=True)
     )
     for job_id in resend:
-        current_app.send_task("jobs.tasks.dispatch_job", kwargs={"job_id": job_id})
+        _send_now("jobs.tasks.dispatch_job", job_id=job_id)
     waiting = Job.objects.filter(state=JobState.QUEUED, holds_gpus=False).values_list(
         "partition_id", flat=True
     )

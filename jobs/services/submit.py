@@ -6,6 +6,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from datetime import date
 from decimal import ROUND_CEILING, Decimal
 
 from django.conf import settings
@@ -22,7 +23,7 @@ from portal.core.errors import Conflict, Invalid
 from portal.core.services import audit_record
 from tenants.errors import NoQuota, QuotaExhausted, TenantSuspended
 from tenants.models import QuotaGrant, Tenant, TenantState, Tier
-from tenants.services import grant_reserve, grant_take_gpus
+from tenants.services import grant_reserve, grant_settle, grant_take_gpus
 
 # A tenant's tier caps the priority its jobs may ask for within it.
 MAX_PRIORITY = {
@@ -319,6 +320,34 @@ def _submit(*, user: AbstractBaseUser, request: JobRequest, idempotency_key: str
 # --- Admission
 
 
+def job_held_back(job: Job, *, grant: QuotaGrant, today: date) -> str:
+    """Why the job's own tenant holds it back from starting, or "": a suspended tenant
+    (tenant_suspended) or a grant no longer active (grant_ended). Admission and dispatch both
+    ask, so that neither starts work that the cleanup (jobs/services/cleanup.py) would stop."""
+    if job.tenant.state != TenantState.ACTIVE:
+        return "tenant_suspended"
+    if not grant.is_active_on(today):
+        return "grant_ended"
+    return ""
+
+
+def job_unadmit_if_held(job: Job) -> bool:
+    """Dispatch's check: an admitted QUEUED job whose tenant was suspended or whose grant ended
+    since admission gives its GPUs back and waits again with that reason, never submitted. The
+    caller holds the job's lock; the grant's is taken after it (partition → job → grant)."""
+    held = job_held_back(job, grant=QuotaGrant.objects.get(pk=job.grant_id), today=timezone.localdate())
+    if not held:
+        return False
+    grant_settle(
+        grant_id=job.grant_id, reserved_gpu_hours=Decimal(0), used_gpu_hours=Decimal(0), gpus=job.gpus
+    )
+    job.holds_gpus, job.reason, job.dispatch_lease_until = False, held, None
+    job.save(update_fields=["holds_gpus", "reason", "dispatch_lease_until"])
+    partition_id = job.partition_id
+    transaction.on_commit(lambda: jobs_admit(partition_id=partition_id))  # its GPUs go to the next
+    return True
+
+
 def _admit(partition: Partition) -> list[int]:
     """Give free GPUs to waiting jobs in admission order; the caller holds the partition lock.
 
@@ -337,10 +366,8 @@ def _admit(partition: Partition) -> list[int]:
     for job in admission.admission_order(waiting):
         before = job.reason
         grant = grants[job.grant_id]
-        if job.tenant.state != TenantState.ACTIVE:
-            job.reason = "tenant_suspended"
-        elif not grant.is_active_on(today):
-            job.reason = "grant_ended"
+        if held := job_held_back(job, grant=grant, today=today):
+            job.reason = held
         elif grant.gpus_in_use + job.gpus > grant.gpus:
             job.reason = admission.QUOTA_WAIT
         elif job.gpus > free:

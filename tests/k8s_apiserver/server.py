@@ -7,11 +7,12 @@ import json
 import socket
 import threading
 import uuid
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from .controller import Cluster
-from .store import BY_PATH, ApiError, Res, Store
+from .store import BY_NAME, BY_PATH, ApiError, Res, Store, details
 
 VERSION = {
     "major": "1",
@@ -29,6 +30,12 @@ JOB_DELETE_WARNING = (
     'remove them or set propagationPolicy=Orphan to suppress this warning"'
 )
 NO_ROUTE = ApiError(404, "NotFound", "the server could not find the requested resource")
+_TIME_KEYS = ("startTime", "completionTime", "lastTransitionTime", "lastProbeTime")
+
+
+def _shifted(timestamp: str, seconds: float) -> str:
+    when = datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    return (when - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class FakeApiServer:
@@ -39,6 +46,7 @@ class FakeApiServer:
         api.url              # http://127.0.0.1:PORT
         api.objects("Job")   # deep copies of what is stored
         api.requests         # [(method, path, {query}), ...] of every request served
+        api.backdate("Job", "ns", "pj-x", 7200)  # as if the Job had ended two hours ago
     Not modelled: watch, JSON Patch (415), container restarts (restartPolicy is treated as Never), the Job
     controller's pod-failure backoff delay, Kueue admission, LimitRange/PriorityClass admission (stored only).
     """
@@ -58,6 +66,21 @@ class FakeApiServer:
     def objects(self, kind: str) -> list[dict]:
         """Every stored object of a kind ("Job" or "jobs"), as deep copies."""
         return self.store.objects(kind)
+
+    def backdate(self, kind: str, namespace: str, name: str, seconds: float) -> None:
+        """Move an object's status times (a Job's startTime, completionTime, conditions) `seconds`
+        into the past, the TTL controller's clock with them: as if it had ended that long ago."""
+        with self.store.lock:
+            obj = self.store.get(BY_NAME[kind], namespace, name)
+            status = obj.get("status") or {}
+            for holder in [status, *(status.get("conditions") or [])]:
+                for key, value in holder.items():
+                    if key in _TIME_KEYS and isinstance(value, str):
+                        holder[key] = _shifted(value, seconds)
+            obj["metadata"]["resourceVersion"] = self.store.next_rv()
+            clock = self.cluster.clock.get(obj["metadata"]["uid"], {})
+            for key in clock:
+                clock[key] -= seconds
 
     def start(self) -> FakeApiServer:
         self._httpd = _HTTPServer(("127.0.0.1", 0), _Handler)
@@ -199,6 +222,11 @@ class _Handler(BaseHTTPRequestHandler):
                 headers["Warning"] = JOB_DELETE_WARNING
             grace = query.get("gracePeriodSeconds", options.get("gracePeriodSeconds"))
             grace = None if grace is None else int(grace)
+            uid = (options.get("preconditions") or {}).get("uid")
+            if uid is not None and uid != (actual := store.get(res, ns, name)["metadata"]["uid"]):
+                why = f'Operation cannot be fulfilled on {res.qualified} "{name}": Precondition failed: '
+                why += f"UID in precondition: {uid}, UID in object meta: {actual}"
+                raise ApiError(409, "Conflict", why, details(res, name))
             return 200, self.server.api.cluster.delete(res, ns, name, policy, grace)
         why = "the server does not allow this method on the requested resource"
         raise ApiError(405, "MethodNotAllowed", why)

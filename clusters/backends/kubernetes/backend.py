@@ -14,19 +14,24 @@ from __future__ import annotations
 
 import copy
 import logging
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
 from clusters.backends.base import (
+    END_STATES,
     BackendError,
     ClusterConfig,
+    GpuSample,
     Health,
     JobRef,
     JobSpec,
     JobStatus,
     LogTail,
     PartitionInfo,
+    PurgeReport,
+    SchedulerJob,
     TenantLimits,
 )
 from clusters.backends.kubernetes import states
@@ -41,6 +46,7 @@ from clusters.backends.kubernetes.manifests import (
     MANAGED_BY_KEY,
     MANAGED_SELECTOR,
     backend_id,
+    check_namespace,
     check_token,
     job_manifest,
     job_name,
@@ -63,6 +69,9 @@ PLURALS = {
     "WorkloadPriorityClass": "workloadpriorityclasses",
 }
 FAILED_CREATE = "involvedObject.kind=Job,reason=FailedCreate"
+# Jobs deleted by one delete_finished call at most, oldest first: a backlog (a cluster that never
+# honoured ttlSecondsAfterFinished) goes over a few runs, each within its task's time limit.
+DELETE_BATCH = 500
 LOG_ATTEMPTS = 3  # log reads: each bounded by max_bytes; fewer lines when the lines are long
 
 
@@ -258,6 +267,75 @@ class KubernetesBackend:
                 return LogTail(lines=keep, truncated=capped or len(text) > lines or tail <= lines)
             tail = max(1, min(tail - 1, len(text)))  # as many lines as fitted, from the end this time
         raise AssertionError("unreachable")
+
+    # ---------------------------------------------------------------- cleanup --
+    def _portal_jobs(self, accounts: list[str]) -> list[dict]:
+        """The portal's Jobs in these namespaces: one list by label, in the namespace when there
+        is one, across all of them otherwise."""
+        namespaces = {check_namespace(account) for account in accounts}
+        if not namespaces:
+            return []
+        jobs = self._list("list Jobs", "jobs", namespaces, "batch/v1", labelSelector=MANAGED_SELECTOR)
+        return [job for job in jobs if job["metadata"].get("namespace") in namespaces]
+
+    def list_jobs(self, accounts: list[str]) -> list[SchedulerJob]:
+        """The portal's Jobs that have not ended, from one Jobs list: the token is the Job's token
+        label when its name is pj-<that token> ("" otherwise); the state is the Job's own (no
+        pods list: running or not is all the orphan check needs)."""
+        found = []
+        for job in self._portal_jobs(accounts):
+            meta, status = job["metadata"], states.job_status(job)
+            if status.state in END_STATES:  # a Job being deleted (cancel) included: CANCELLED
+                continue
+            token = (meta.get("labels") or {}).get(LABEL_TOKEN, "")
+            token = token if meta["name"] == JOB_PREFIX + token else ""
+            found.append(SchedulerJob(status.backend_id, token, meta["namespace"], status.state))
+        return found
+
+    def purge_scratch(self, account: str, *, older_than_days: int, dry_run: bool) -> PurgeReport:
+        """Nothing to purge: a Job's files live in its pods' volumes, which go with its pods (the
+        Job's TTL, or delete_finished); the portal keeps no scratch on a Kubernetes cluster."""
+        check_namespace(account)
+        return PurgeReport(deleted=[], refused={}, bytes_freed=0, dry_run=dry_run)
+
+    def delete_finished(self, accounts: list[str], *, older_than_s: int, dry_run: bool) -> list[str]:
+        """Delete the portal's Jobs that ended (Complete or Failed) more than older_than_s ago and
+        that the cluster kept: its TTL-after-finished controller is off, or behind. One list, then
+        one DELETE per Job (at most DELETE_BATCH), Background so that its pods go too, on the
+        condition that it is still the Job that was listed (uid). The ids deleted, or due."""
+        if isinstance(older_than_s, bool) or not isinstance(older_than_s, int) or older_than_s < 0:
+            raise BackendError(f"invalid age in seconds {older_than_s!r}")
+        cutoff = datetime.now(UTC) - timedelta(seconds=older_than_s)
+        ended = [
+            (finished, job)
+            for job in self._portal_jobs(accounts)
+            if not job["metadata"].get("deletionTimestamp")
+            and (finished := states.finished_at(job)) is not None
+            and finished < cutoff
+        ]
+        deleted = []
+        for _finished, job in sorted(ended, key=lambda pair: pair[0])[:DELETE_BATCH]:
+            meta = job["metadata"]
+            bid = backend_id(meta["namespace"], meta["name"])
+            if not dry_run:
+                options = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+                options["preconditions"] = {"uid": meta["uid"]}
+                status, _body = self.api.request(
+                    f"delete Job {bid}",
+                    "DELETE",
+                    path("batch/v1", "jobs", meta["namespace"], meta["name"]),
+                    query={"propagationPolicy": "Background"},
+                    body=options,
+                    allow=(404, 409),  # gone already; 409: another Job of that name since the list
+                )
+                if status in (404, 409):
+                    continue
+            deleted.append(bid)
+        return deleted
+
+    def gpu_utilization(self, backend_ids: list[str]) -> dict[str, GpuSample]:
+        """Not read through the API server: {} (a cluster's Prometheus/DCGM URL may have it)."""
+        return {}
 
     # ----------------------------------------------------------------- cluster --
     def inventory(self) -> list[PartitionInfo]:

@@ -65,6 +65,18 @@ def _phase(pod: dict) -> str:
     return (pod.get("status") or {}).get("phase") or "Pending"
 
 
+def finished_at(job: dict) -> datetime | None:
+    """When the Job ended (its Complete or Failed condition), None while it has not; a Job being
+    deleted has not ended by its own conditions."""
+    conditions = _conditions(job)
+    if complete := conditions.get("Complete"):
+        status = job.get("status") or {}
+        return parse_time(status.get("completionTime") or complete.get("lastTransitionTime"))
+    if failed := conditions.get("Failed"):
+        return parse_time(failed.get("lastTransitionTime"))
+    return None
+
+
 def needs_pods(job: dict) -> bool:
     """Whether the Job's pods can tell more than the Job: not for a Job that completed or waits
     suspended."""

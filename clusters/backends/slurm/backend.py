@@ -8,18 +8,22 @@ from clusters.backends import base
 from clusters.backends.base import (
     BackendError,
     ClusterConfig,
+    GpuSample,
     Health,
     JobRef,
     JobSpec,
     JobStatus,
     LogTail,
     PartitionInfo,
+    PurgeReport,
+    SchedulerJob,
     TenantLimits,
 )
-from clusters.backends.slurm import accounts, ssh
+from clusters.backends.slurm import accounts, scratch, ssh
 from clusters.backends.slurm.parse import (
     NO_VALUE,
     SLURM_END_STATES,
+    TOKEN_RE,
     check_count,
     check_job_id,
     check_job_name,
@@ -37,10 +41,14 @@ from clusters.backends.slurm.parse import (
 # Ids per squeue/sacct pair: 1000 ids of 8 digits keep the command line near 9 kB, far below
 # any sshd or ARG_MAX limit. More ids than that take one squeue and one sacct per 1000.
 POLL_CHUNK = 1000
+# Accounts per squeue of list_jobs: 500 names of at most 64 characters keep it near 32 kB.
+ACCOUNT_CHUNK = 500
 # squeue and sacct print times in the login node's local zone, without an offset: run them in UTC.
 UTC_ENV = ["env", "TZ=UTC"]
 SQUEUE_FIELDS = "JobID:|,State:|,Reason:|,NodeList:|,StartTime:|,EndTime:|,exit_code:|"
 SACCT_FIELDS = "JobID,State,ExitCode,Start,End,NodeList,Reason"
+# A purge walks a whole tenant tree on a shared filesystem: more time than a Slurm command.
+PURGE_TIMEOUT_S = 300
 USABLE_NODE_STATES = {"idle", "mixed", "allocated", "completing", "planned"}
 
 
@@ -224,6 +232,55 @@ class SlurmBackend:
             text = text[1:]  # the first line was cut by the byte limit
         keep = text[-lines:] if lines > 0 else []
         return LogTail(lines=keep, truncated=start > 0 or len(keep) < len(text))
+
+    # ---------------------------------------------------------------- cleanup --
+    def list_jobs(self, accounts: list[str]) -> list[SchedulerJob]:
+        """One squeue per ACCOUNT_CHUNK accounts, every user's jobs under them: the token is
+        the job's --comment (what find() reads too; "" when the comment is not a token). squeue
+        alone: sacct's jobs have ended, and an ended job is no orphan."""
+        # sacctmgr keeps account names in lower case, and squeue prints them so
+        by_name = {check_name(account, "account").lower(): account for account in accounts}
+        names = sorted(by_name)
+        jobs = []
+        for start in range(0, len(names), ACCOUNT_CHUNK):
+            chunk = ",".join(names[start : start + ACCOUNT_CHUNK])
+            # -t all, filtered here: one table (parse.STATES) says what has ended, as for poll
+            stdout = self.check(["squeue", "-h", "-t", "all", "-A", chunk, "-o", "%i|%a|%T|%k"])
+            for job_id, account, raw_state, comment in _split(stdout, 4):
+                state = portal_state(raw_state, started=False)
+                if account.lower() not in by_name or state in base.END_STATES:
+                    continue
+                token = comment if TOKEN_RE.fullmatch(comment) else ""
+                jobs.append(SchedulerJob(job_id, token, by_name[account.lower()], state))
+        return jobs
+
+    def purge_scratch(self, account: str, *, older_than_days: int, dry_run: bool) -> PurgeReport:
+        """One find under <scratch root>/<account> that lists and deletes in the same walk
+        (scratch.py says what it deletes and refuses, and why no second command touches a path).
+        A tenant directory that does not exist yet has nothing to purge."""
+        days = check_count(older_than_days, "purge age in days")
+        directory = self._job_dir(account)
+        result = self.run(
+            scratch.purge_argv(directory, older_than_days=days, dry_run=dry_run),
+            timeout_s=max(self.command_timeout_s, PURGE_TIMEOUT_S),
+        )
+        report = scratch.parse_report(result.stdout, dry_run=dry_run)
+        if result.rc == 0:
+            return report
+        if not result.stdout and "No such file or directory" in result.stderr:
+            return report  # the start point itself is missing: nothing was ever written there
+        if result.rc != 1:  # 1: find went on past an entry it could not read or delete
+            raise ssh.failure(result)
+        return scratch.with_errors(report, result.stderr)
+
+    def delete_finished(self, accounts: list[str], *, older_than_s: int, dry_run: bool) -> list[str]:
+        """Nothing to delete: slurmctld forgets an ended job by itself (MinJobAge) and the
+        accounting records are the site's to keep."""
+        return []
+
+    def gpu_utilization(self, backend_ids: list[str]) -> dict[str, GpuSample]:
+        """Not read through Slurm: {} (a cluster's Prometheus/DCGM URL may have it)."""
+        return {}
 
     # ----------------------------------------------------------------- cluster --
     def inventory(self) -> list[PartitionInfo]:

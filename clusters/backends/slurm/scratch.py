@@ -1,0 +1,105 @@
+"""The scratch purge on a Slurm login node: one GNU find that lists and deletes in one walk.
+
+Everything happens inside that one find, with -P (a symlink is never followed, the start point
+included) and -xdev (another filesystem mounted inside is not entered). find deletes each entry
+with unlinkat() relative to the directory it is walking, so a job that swaps a directory for a
+symlink while the purge runs cannot make it delete anything outside: there is no second command
+that would take a listed path and resolve it again.
+
+What it does with each entry under <scratch root>/<account>:
+
+    regular file older than N days       deleted (-delete), reported with its size
+    symlink leading out                  refused and kept: never followed, so its target is safe
+    other symlink older than N days      deleted: the link only, never what it points to
+    directory, fifo, socket, device      left alone (an emptied directory stays)
+
+"Leading out" is judged on the link's own text, by find's -lname: an absolute target outside
+the tenant's directory, or any ".." component (conservative: "a/../b" is refused too).
+
+Output records are NUL-separated, so a name with spaces, quotes, a leading dash or a newline
+comes back whole, and no name is ever an argument of a command.
+"""
+
+from __future__ import annotations
+
+from clusters.backends.base import PurgeReport
+
+MINUTES_PER_DAY = 1440
+# A find error line is not worth more than this in the report.
+ERROR_CHARS = 500
+REFUSED_LINK = "symlink leading outside the scratch directory: not followed, kept"
+NOT_A_DIRECTORY = "the scratch directory is not a directory (type {kind}): nothing purged"
+
+
+def glob_escape(path: str) -> str:
+    """The path as a find -path/-lname pattern that matches only itself."""
+    return "".join(f"\\{char}" if char in "*?[]\\" else char for char in path)
+
+
+def purge_argv(directory: str, *, older_than_days: int, dry_run: bool) -> list[str]:
+    """find's argv: records "X", type (the start point is not a directory); "R", path (a
+    refused symlink); "D", type, size, link count, path (deleted, or due in a dry run). With
+    -delete before -printf a "D" record is written only once the unlink succeeded."""
+    pattern = glob_escape(directory)
+    delete = [] if dry_run else ["-delete"]
+    return [
+        "find",
+        "-P",
+        directory,
+        "-xdev",
+        # the start point: only said when it is not a plain directory (a symlink is not followed)
+        "(", "-path", pattern, "(", "-type", "d", "-o", "-printf", r"X\0%y\0", ")", ")",
+        "-o",
+        "(",
+        "-type", "l",
+        "(",
+        "-lname", "/*", "!", "-lname", pattern, "!", "-lname", f"{pattern}/*",
+        "-o", "-lname", "..", "-o", "-lname", "../*", "-o", "-lname", "*/..", "-o", "-lname", "*/../*",
+        ")",
+        "-printf", r"R\0%P\0",
+        ")",
+        "-o",
+        "(",
+        "(", "-type", "f", "-o", "-type", "l", ")",
+        "-mmin", f"+{older_than_days * MINUTES_PER_DAY}",
+        *delete,
+        "-printf", r"D\0%y\0%s\0%n\0%P\0",
+        ")",
+    ]  # fmt: skip
+
+
+def parse_report(stdout: str, *, dry_run: bool) -> PurgeReport:
+    """The report from find's NUL-separated records. Bytes count regular files whose last link
+    this was: removing one of several hard links frees nothing."""
+    fields = stdout.split("\0")
+    deleted: list[str] = []
+    refused: dict[str, str] = {}
+    freed, at = 0, 0
+    while at < len(fields) - 1:
+        kind = fields[at]
+        if kind == "X":
+            refused["."] = NOT_A_DIRECTORY.format(kind=fields[at + 1])
+            at += 2
+        elif kind == "R":
+            refused[fields[at + 1]] = REFUSED_LINK
+            at += 2
+        elif kind == "D":
+            entry_type, size, links, path = fields[at + 1 : at + 5]
+            deleted.append(path)
+            if entry_type == "f" and links == "1" and size.isdigit():
+                freed += int(size)
+            at += 5
+        else:  # cannot happen with the argv above; stop rather than misread the rest
+            refused["."] = f"unreadable find output at record {kind[:40]!r}: report incomplete"
+            break
+    return PurgeReport(deleted=deleted, refused=refused, bytes_freed=freed, dry_run=dry_run)
+
+
+def with_errors(report: PurgeReport, stderr: str) -> PurgeReport:
+    """find went on past entries it could not read or delete: say so under "." (its messages
+    name paths on lines of their own, which a name with a newline could forge, so they are kept
+    as one text, not parsed)."""
+    message = " ".join(stderr.split())[:ERROR_CHARS] or "find exited with an error"
+    refused = dict(report.refused)
+    refused["."] = f"{refused['.']}; {message}" if "." in refused else f"incomplete: {message}"
+    return PurgeReport(report.deleted, refused, report.bytes_freed, report.dry_run)

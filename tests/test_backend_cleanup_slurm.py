@@ -1,0 +1,199 @@
+"""SlurmBackend's cleanup against the real testbed (tests/testbed/testbed.sh): list_jobs through
+squeue, purge_scratch through one find over SSH as the portal user. The testbed's login node is
+this machine, so the scratch tree is built here with Python, owned by the portal user, under a
+scratch_root made for each test; the jobs made here are cancelled in a finally."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from clusters.backends import backend_for, base
+from clusters.backends.base import BackendError, ClusterConfig, JobSpec, PurgeReport
+from clusters.backends.slurm import SlurmBackend
+from tests.test_backend_cleanup_local import (
+    PURGE_DAYS,
+    assert_purged,
+    assert_untouched,
+    build_scratch_tree,
+)
+from tests.testbed.env import testbed_env
+
+
+def make_backend(**overrides) -> SlurmBackend:
+    env = testbed_env()
+    config = ClusterConfig(
+        slug="slurm-testbed",
+        kind="slurm",
+        ssh_host=env["SLURM_TESTBED_HOST"],
+        ssh_port=int(env["SLURM_TESTBED_PORT"]),
+        ssh_user=env["SLURM_TESTBED_USER"],
+        ssh_known_hosts=Path(env["SLURM_TESTBED_KNOWN_HOSTS"]).read_text(),
+        ssh_private_key=Path(env["SLURM_TESTBED_KEY_FILE"]).read_text(),
+        slurm_cluster_name=env["SLURM_TESTBED_CLUSTER"],
+        **overrides,
+    )
+    backend = backend_for(config)
+    assert isinstance(backend, SlurmBackend)
+    return backend
+
+
+@pytest.fixture
+def account() -> str:
+    return testbed_env()["SLURM_TESTBED_ACCOUNT"]
+
+
+@pytest.fixture
+def scratch_root() -> Iterator[Path]:
+    """A scratch root of the portal user's, with a sibling directory "outside" of the same owner:
+    had the purge followed a link there, nothing would have stopped it deleting."""
+    user = pwd.getpwnam(testbed_env()["SLURM_TESTBED_USER"])
+    top = Path(tempfile.mkdtemp(prefix="portal-cleanup-"))
+    os.chown(top, user.pw_uid, user.pw_gid)
+    yield top / "scratch"
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def hand_over(top: Path) -> None:
+    """Everything under `top` to the portal user, links included (never their targets)."""
+    user = pwd.getpwnam(testbed_env()["SLURM_TESTBED_USER"])
+    for path in [top, *top.rglob("*")]:
+        os.chown(path, user.pw_uid, user.pw_gid, follow_symlinks=False)
+
+
+# ---------------------------------------------------------------- list_jobs --
+def test_list_jobs_finds_a_submitted_job_with_its_token(account):
+    backend = make_backend()
+    token = uuid.uuid4().hex
+    spec = JobSpec(
+        token=token,
+        name="cleanup-list",
+        account=account,
+        qos="normal",
+        priority="normal",
+        partition="h100",
+        gpu_type="h100",
+        k8s_resource="",
+        k8s_product="",
+        gpus_per_node=1,
+        nodes=1,
+        walltime_minutes=2,
+        script="#!/bin/bash\nsleep 60\n",
+        env={},
+        cpus_per_gpu=1,
+        mem_per_gpu_mb=100,
+    )
+    job_id = backend.submit(spec)
+    try:
+        before = len(backend.commands)
+        listed = {job.backend_id: job for job in backend.list_jobs([account, "no-such-account"])}
+        assert listed[job_id].token == token and listed[job_id].account == account
+        assert listed[job_id].state in (base.PENDING, base.RUNNING)
+        (command,) = backend.commands[before:]  # one squeue, whatever the count
+        assert command[0] == "squeue" and "-A" in command
+
+        backend.cancel(job_id)
+        deadline = time.monotonic() + 30
+        while job_id in {job.backend_id for job in backend.list_jobs([account])}:
+            assert time.monotonic() < deadline, "a cancelled job is still listed"
+            time.sleep(0.5)
+    finally:
+        backend.cancel(job_id)
+
+
+def test_list_jobs_checks_names_and_asks_nothing_for_no_accounts():
+    backend = make_backend()
+    assert backend.list_jobs([]) == [] and backend.commands == []
+    with pytest.raises(BackendError, match="invalid account"):
+        backend.list_jobs(["a,b"])  # a comma would widen squeue's -A list
+    assert backend.commands == []
+
+
+# ------------------------------------------------------------- purge_scratch --
+def test_purge_scratch_over_ssh_dry_run_then_purge(account, scratch_root):
+    tree = build_scratch_tree(scratch_root / account, scratch_root.parent / "outside")
+    hand_over(scratch_root.parent)
+    backend = make_backend(scratch_root=str(scratch_root))
+
+    dry = backend.purge_scratch(account, older_than_days=PURGE_DAYS, dry_run=True)
+    assert_untouched(tree, dry)
+    assert "-delete" not in backend.commands[-1]
+
+    report = backend.purge_scratch(account, older_than_days=PURGE_DAYS, dry_run=False)
+    assert not report.dry_run
+    assert_purged(tree, report)
+    # one find each time; no name from the tree ever became an argument
+    assert [command[0] for command in backend.commands] == ["find", "find"]
+    assert all(str(scratch_root / account) == command[2] for command in backend.commands)
+    assert not any("spaced" in arg or "line" in arg for command in backend.commands for arg in command)
+
+
+def test_purge_scratch_keeps_files_younger_than_the_age(account, scratch_root):
+    tree = build_scratch_tree(scratch_root / account, scratch_root.parent / "outside")
+    hand_over(scratch_root.parent)
+    backend = make_backend(scratch_root=str(scratch_root))
+    report = backend.purge_scratch(account, older_than_days=50, dry_run=False)  # the old ones are 40 days
+    assert report.deleted == [] and report.bytes_freed == 0
+    assert all(os.path.lexists(tree.root / rel) for rel in tree.deleted | tree.kept)
+
+
+def test_purge_scratch_refuses_a_tenant_directory_that_is_a_symlink(account, scratch_root):
+    outside = scratch_root.parent / "elsewhere"
+    outside.mkdir()
+    (outside / "precious").write_text("x")
+    os.utime(outside / "precious", (time.time() - 40 * 86_400,) * 2)
+    scratch_root.mkdir()
+    os.symlink(outside, scratch_root / account)
+    hand_over(scratch_root.parent)
+    backend = make_backend(scratch_root=str(scratch_root))
+
+    report = backend.purge_scratch(account, older_than_days=PURGE_DAYS, dry_run=False)
+    assert report.deleted == [] and list(report.refused) == ["."]
+    assert (outside / "precious").exists()
+
+
+def test_purge_scratch_of_a_tenant_without_scratch_and_bad_input(account, scratch_root):
+    backend = make_backend(scratch_root=str(scratch_root))
+    empty = PurgeReport(deleted=[], refused={}, bytes_freed=0, dry_run=False)
+    assert backend.purge_scratch(account, older_than_days=PURGE_DAYS, dry_run=False) == empty
+    backend.commands.clear()
+    for bad in ("../portal", "a b", "-rf", ""):
+        with pytest.raises(BackendError, match="invalid account"):
+            backend.purge_scratch(bad, older_than_days=PURGE_DAYS, dry_run=False)
+    with pytest.raises(BackendError, match="invalid purge age"):
+        backend.purge_scratch(account, older_than_days=0, dry_run=False)
+    assert backend.commands == []
+
+
+def test_purge_scratch_reports_what_find_could_not_read(account, scratch_root):
+    tree = build_scratch_tree(scratch_root / account, scratch_root.parent / "outside")
+    locked = scratch_root / account / "locked"
+    locked.mkdir()
+    (locked / "old").write_text("x")
+    os.utime(locked / "old", (time.time() - 40 * 86_400,) * 2)
+    hand_over(scratch_root.parent)
+    locked.chmod(0)  # the portal user may not enter it; find goes on with the rest
+    try:
+        backend = make_backend(scratch_root=str(scratch_root))
+        report = backend.purge_scratch(account, older_than_days=PURGE_DAYS, dry_run=False)
+    finally:
+        locked.chmod(0o755)
+    assert sorted(report.deleted) == sorted(tree.deleted)
+    assert "Permission denied" in report.refused["."]
+    assert (locked / "old").exists()
+
+
+# ------------------------------------------------------------ the others --
+def test_delete_finished_and_gpu_utilization_ask_slurm_nothing(account):
+    backend = make_backend()
+    assert backend.delete_finished([account], older_than_s=3600, dry_run=False) == []
+    assert backend.gpu_utilization(["1"]) == {}
+    assert backend.commands == []
