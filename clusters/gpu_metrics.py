@@ -288,14 +288,23 @@ def fetch_metrics(url: str, *, timeout_s: float = 10.0, max_bytes: int = 32 << 2
     """The text a Prometheus or DCGM exporter URL answers (an exporter's /metrics, or a
     Prometheus's /federate?match[]=DCGM_FI_DEV_GPU_UTIL for a cluster of many nodes).
     GpuMetricsError when it cannot be read within timeout_s, or answers more than max_bytes."""
+    shown = _without_credentials(url)[:100]  # what a message may say of the URL
     if urlsplit(url).scheme not in ("http", "https"):
-        raise GpuMetricsError(f"metrics URL {url[:100]!r} is not http(s)")
+        raise GpuMetricsError(f"metrics URL {shown!r} is not http(s)")
     request = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})  # noqa: S310
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - http(s) only
             body = response.read(max_bytes + 1)
     except (urllib.error.URLError, OSError, ValueError) as exc:  # HTTPError and timeouts included
-        raise GpuMetricsError(f"metrics URL {url[:100]!r}: {exc}") from None
+        raise GpuMetricsError(f"metrics URL {shown!r}: {exc}") from None
     if len(body) > max_bytes:
-        raise GpuMetricsError(f"metrics URL {url[:100]!r} answered more than {max_bytes} bytes")
+        raise GpuMetricsError(f"metrics URL {shown!r} answered more than {max_bytes} bytes")
     return body.decode("utf-8", errors="replace")
+
+
+def _without_credentials(url: str) -> str:
+    """The URL without a user:password@ part, for messages and logs."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=host).geturl()
+

@@ -5,7 +5,8 @@ from django.conf import settings
 from django.db.models import Q
 
 from clusters.backends.base import BackendUnavailable
-from clusters.models import Cluster
+from clusters.backends.slurm.backend import PURGE_TIMEOUT_S
+from clusters.models import Cluster, ClusterKind
 from jobs import services
 from jobs.models import Job
 from jobs.states import ACTIVE_IN_SCHEDULER
@@ -110,10 +111,27 @@ def hold_suspended_tenants() -> dict:
     return services.tenants_hold_suspended().as_dict()
 
 
-@shared_task(acks_late=True, soft_time_limit=1700, time_limit=1800)
-def purge_scratch() -> dict:
-    """Beat, daily: old files under each tenant's scratch directory on each cluster."""
-    return services.scratch_purge().as_dict()
+@shared_task(acks_late=True, soft_time_limit=50, time_limit=60)
+def purge_scratch() -> int:
+    """Beat, daily: one purge_tenant_scratch per enabled cluster and tenant, so that a slow tree
+    holds up no other and each purge has its own time limit. Kubernetes clusters keep no scratch."""
+    clusters = Cluster.objects.filter(enabled=True).exclude(kind=ClusterKind.KUBERNETES)
+    pairs = [
+        (c, t)
+        for c in clusters.values_list("pk", flat=True)
+        for t in Tenant.objects.values_list("pk", flat=True)
+    ]
+    for cluster_id, tenant_id in pairs:
+        purge_tenant_scratch.apply_async(
+            kwargs={"cluster_id": cluster_id, "tenant_id": tenant_id}, expires=80_000
+        )
+    return len(pairs)
+
+
+@shared_task(acks_late=True, soft_time_limit=PURGE_TIMEOUT_S + 60, time_limit=PURGE_TIMEOUT_S + 90)
+def purge_tenant_scratch(*, cluster_id: int, tenant_id: int) -> dict:
+    """Old files under one tenant's scratch directory on one cluster."""
+    return services.scratch_purge(cluster_id=cluster_id, tenant_id=tenant_id).as_dict()
 
 
 @shared_task(acks_late=True, soft_time_limit=600, time_limit=660)

@@ -9,7 +9,7 @@ from django.utils.translation import gettext_lazy as _
 from guardian.models import GroupObjectPermissionBase, UserObjectPermissionBase
 
 from clusters.models import GpuModel, Scenario
-from portal.core.validators import slug_validator
+from portal.core.validators import reserved_slug_validator, slug_validator
 
 
 class Tier(models.TextChoices):
@@ -34,7 +34,7 @@ class Role(models.TextChoices):
 class Tenant(models.Model):
     """A research team. On each cluster it becomes a Slurm account or a Kubernetes namespace."""
 
-    slug = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    slug = models.CharField(max_length=63, unique=True, validators=[slug_validator, reserved_slug_validator])
     name = models.CharField(max_length=200)
     tier = models.CharField(max_length=16, choices=Tier.choices, default=Tier.NORMAL)
     state = models.CharField(max_length=16, choices=TenantState.choices, default=TenantState.ACTIVE)

@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from clusters.models import GpuModel, Scenario
 from portal.core.models import AuditEvent
-from portal.core.validators import slug_validator
+from portal.core.validators import reserved_slug_validator, slug_validator
 from tenants.models import Membership, QuotaGrant, QuotaRequest, Role, Tenant, TenantState, Tier
 from tenants.selectors import tenants_visible_to
 
@@ -35,7 +35,7 @@ class TenantOut(serializers.ModelSerializer):
 
 
 class TenantIn(serializers.Serializer):
-    slug = serializers.CharField(max_length=63, validators=[slug_validator])
+    slug = serializers.CharField(max_length=63, validators=[slug_validator, reserved_slug_validator])
     name = serializers.CharField(max_length=200)
     tier = serializers.ChoiceField(choices=Tier.choices, default=Tier.NORMAL)
     contact_email = serializers.EmailField(max_length=254, required=False, allow_blank=True, default="")

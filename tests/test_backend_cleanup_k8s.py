@@ -132,9 +132,11 @@ def test_list_jobs_leaves_out_what_the_portal_did_not_create(api, backend):
     assert backend.list_jobs([]) == []
 
 
-def test_list_jobs_refuses_a_name_that_is_not_a_namespace(backend):
-    with pytest.raises(BackendError, match="not a DNS label"):
-        backend.list_jobs(["Bad_Name"])
+def test_a_name_that_cannot_be_a_namespace_is_left_out_and_spoils_no_other(api, backend):
+    job, _ = submit(backend, "sleep 30")
+    assert backend.list_jobs(["Bad_Name", "default", "kube-system"]) == []
+    listed = backend.list_jobs(["Bad_Name", "default", "protein-lab"])
+    assert [found.backend_id for found in listed] == [job]
 
 
 # ----------------------------------------------------------- delete_finished --

@@ -192,8 +192,46 @@ def test_purge_scratch_reports_what_find_could_not_read(account, scratch_root):
 
 
 # ------------------------------------------------------------ the others --
-def test_delete_finished_and_gpu_utilization_ask_slurm_nothing(account):
+def job_logs(directory: Path, *, old: int) -> tuple[list[str], list[str]]:
+    """Job logs (<token>.out) in a tenant directory: `old` of them 100 days old, one recent,
+    and an old file that is not a job log. Returns (old log names, the rest)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    names = [f"{uuid.uuid4().hex}.out" for _ in range(old + 1)]
+    for name in [*names, "notes.out"]:
+        (directory / name).write_text("log\n")
+    for name in [*names[:old], "notes.out"]:
+        os.utime(directory / name, (time.time() - 100 * 86_400,) * 2)
+    return names[:old], [names[old], "notes.out"]
+
+
+def test_old_job_logs_go_with_the_retention_and_the_rest_stays(account, scratch_root):
+    mine, kept = job_logs(scratch_root / account, old=2)
+    other_old, other_kept = job_logs(scratch_root / "other-team", old=1)
+    hand_over(scratch_root.parent)
+    backend = make_backend(scratch_root=str(scratch_root))
+    accounts = [account, "other-team", "not-made-yet"]
+    assert backend.delete_finished(accounts, older_than_s=90 * 86_400, dry_run=True) != []
+    assert all((scratch_root / account / name).exists() for name in mine)  # a dry run deletes nothing
+    deleted = backend.delete_finished(accounts, older_than_s=90 * 86_400, dry_run=False)
+    assert sorted(deleted) == sorted(
+        [f"{account}/{n}" for n in mine] + [f"other-team/{n}" for n in other_old]
+    )
+    assert not any((scratch_root / account / name).exists() for name in mine)
+    assert all((scratch_root / account / name).exists() for name in kept)
+    assert all((scratch_root / "other-team" / name).exists() for name in other_kept)
+
+
+def test_the_scratch_purge_leaves_job_logs_to_the_retention(account, scratch_root):
+    logs, _rest = job_logs(scratch_root / account, old=1)
+    hand_over(scratch_root.parent)
+    report = make_backend(scratch_root=str(scratch_root)).purge_scratch(
+        account, older_than_days=PURGE_DAYS, dry_run=False
+    )
+    assert report.deleted == ["notes.out"]  # the old file that is not a job log
+    assert (scratch_root / account / logs[0]).exists()
+
+
+def test_gpu_utilization_asks_slurm_nothing():
     backend = make_backend()
-    assert backend.delete_finished([account], older_than_s=3600, dry_run=False) == []
     assert backend.gpu_utilization(["1"]) == {}
     assert backend.commands == []

@@ -71,6 +71,29 @@ def test_scratch_purge_deletes_old_files_refuses_links_out_and_audits(settings, 
     link.unlink()
 
 
+def test_the_daily_purge_sends_one_task_per_cluster_and_tenant_and_each_purges(
+    celery_worker, tenant, cluster
+):
+    from clusters.models import Cluster
+    from jobs.tasks import purge_scratch
+    from tenants.models import Tenant
+
+    scratch = Path(django_settings.VAR_DIR) / "local-cluster" / cluster.slug / "scratch" / tenant.slug
+    scratch.mkdir(parents=True, exist_ok=True)
+    old = scratch / "old.ckpt"
+    old.write_bytes(b"x" * 10)
+    os.utime(old, (time.time() - 40 * DAY_S,) * 2)
+    TenantFactory(slug="second-team")
+    Cluster.objects.create(slug="k8s-none", name="K8s", kind="kubernetes", k8s_api_url="https://127.0.0.1:9")
+    sent = purge_scratch.delay().get(timeout=30)
+    assert sent == Cluster.objects.filter(enabled=True, kind="local").count() * Tenant.objects.count()
+    deadline = time.monotonic() + 30
+    while old.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not old.exists()
+    assert AuditEvent.objects.get(action="scratch.purge", tenant_slug=tenant.slug).data["finished"] is True
+
+
 # --- 6. Retention
 
 
@@ -117,6 +140,8 @@ def test_old_timelines_keep_their_first_and_last_event(settings, member, tenant,
 def test_retention_deletes_the_scheduler_records_of_jobs_ended_long_enough_ago(
     settings, broken_cluster, member, tenant, catalog, cluster, big_grant
 ):
+    settings.JOB_LOG_RETENTION_DAYS = 0
+    retention_apply()  # the records earlier runs of the suite left in this cluster's state directory
     settings.JOB_LOG_RETENTION_DAYS = 90
     job = run_to_end(submit(member, tenant, catalog, script="#!/bin/bash\necho kept\n"))
     backend = backend_of(cluster)
@@ -132,7 +157,7 @@ def test_retention_deletes_the_scheduler_records_of_jobs_ended_long_enough_ago(
     assert backend.find(job.token) is None
     ref = JobRef(backend_id=job.backend_id, token=job.token, account=tenant.slug)
     assert backend.log_tail(ref, lines=10, max_bytes=1000).lines == []
-    audit = AuditEvent.objects.get(action="scheduler.delete_finished")
+    audit = AuditEvent.objects.filter(action="scheduler.delete_finished").latest("pk")
     assert (audit.target_id, audit.actor_id) == (str(cluster.pk), None) and job.backend_id in audit.data[
         "ids"
     ]

@@ -93,6 +93,17 @@ def test_an_sbatch_with_a_portal_token_the_portal_does_not_know_is_reported_and_
     token = uuid.uuid4().hex
     orphan = backend.submit(spec(token, tenant.slug))  # a real sbatch, --comment=<a portal-looking token>
     assert backend.find(token) == orphan
+    # A second sbatch made by hand with the live job's own token (squeue shows the comment to its
+    # user) is an orphan too: the portal's job has another id.
+    twin = backend.submit(spec(known.token, tenant.slug))
+    try:
+        twins = {row["backend_id"] for row in orphans_find(dry_run=True).orphans}
+        assert twin in twins and known.backend_id not in twins
+    finally:
+        backend.cancel(twin)
+    wait_until(
+        "the twin to end", lambda: twin not in {j.backend_id for j in backend.list_jobs([tenant.slug])}
+    )
 
     settings.ORPHAN_CANCEL = False
     report = orphans_find()

@@ -246,3 +246,14 @@ def test_fetch_refuses_other_schemes_and_reports_an_unreachable_url():
         fetch_metrics(f"file://{FIXTURES}/README.md")
     with pytest.raises(GpuMetricsError, match=re.escape("127.0.0.1:9")):
         fetch_metrics("http://127.0.0.1:9/metrics", timeout_s=2)  # the discard port: nothing listens
+
+
+def test_a_metrics_url_with_credentials_never_shows_them():
+    from clusters.gpu_metrics import GpuMetricsError, fetch_metrics
+
+    with pytest.raises(GpuMetricsError) as refused:
+        fetch_metrics("http://scraper:s3cret@127.0.0.1:9/metrics", timeout_s=2)
+    assert "s3cret" not in str(refused.value) and "127.0.0.1:9/metrics" in str(refused.value)
+    with pytest.raises(GpuMetricsError) as refused:
+        fetch_metrics("ftp://scraper:s3cret@127.0.0.1/metrics")
+    assert "s3cret" not in str(refused.value)

@@ -60,6 +60,8 @@ def test_a_ten_megabyte_body_is_refused_with_a_problem(client_for, owner, catalo
     ("url", "method", "body", "field"),
     [
         ("/api/v1/tenants/", "post", {"slug": "Bad Slug!", "name": "x"}, "slug"),
+        ("/api/v1/tenants/", "post", {"slug": "default", "name": "x"}, "slug"),  # a namespace of Kubernetes'
+        ("/api/v1/tenants/", "post", {"slug": "kube-system", "name": "x"}, "slug"),
         ("/api/v1/tenants/", "post", {"slug": "ok", "name": "x", "tier": "platinum"}, "tier"),
         (
             "/api/v1/tenants/",

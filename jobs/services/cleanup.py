@@ -48,6 +48,7 @@ MAX_TENANTS_PER_RUN = 500
 GRANT_END_LOOKBACK_DAYS = 30
 # Lists kept in an AuditEvent's data: the counts are exact, the lists are cut to this length.
 AUDIT_LIST_MAX = 20
+AUDIT_ERROR_CHARS = 500
 # A run lock outlives no run: the longest cleanup task's hard time limit (jobs/tasks.py).
 RUN_LOCK_S = 1800
 # Tokens the portal gives its jobs (jobs.models.new_token: uuid4().hex).
@@ -164,9 +165,13 @@ def _run_lock(name: str, cluster: Cluster) -> Iterator[bool]:
             cache.delete(key)
 
 
-def _clusters(name: str, report: CleanupReport) -> Iterator[Cluster]:
-    """Each enabled cluster this run holds the lock of; the report lists those another run holds."""
-    for cluster in Cluster.objects.filter(enabled=True).order_by("pk"):
+def _clusters(name: str, report: CleanupReport, cluster_id: int | None = None) -> Iterator[Cluster]:
+    """Each enabled cluster (or the one given) this run holds the lock of; the report lists those
+    another run holds."""
+    clusters = Cluster.objects.filter(enabled=True).order_by("pk")
+    if cluster_id is not None:
+        clusters = clusters.filter(pk=cluster_id)
+    for cluster in clusters:
         with _run_lock(name, cluster) as got:
             if not got:
                 report.busy.append(cluster.slug)
@@ -175,13 +180,14 @@ def _clusters(name: str, report: CleanupReport) -> Iterator[Cluster]:
 
 
 def _unreachable(report: CleanupReport, cluster: Cluster, exc: BackendUnavailable) -> None:
-    cluster_mark_health(cluster=cluster, healthy=False, detail=str(exc))
+    if not report.dry_run:  # a dry run writes nothing, health included
+        cluster_mark_health(cluster=cluster, healthy=False, detail=str(exc))
     report.unreachable.append(cluster.slug)
     log.warning("cleanup: cluster %s unreachable: %s", cluster.slug, exc)
 
 
-def _answered(cluster: Cluster) -> None:
-    if not cluster.healthy:
+def _answered(report: CleanupReport, cluster: Cluster) -> None:
+    if not cluster.healthy and not report.dry_run:
         cluster_mark_health(cluster=cluster, healthy=True, detail="answers")
 
 
@@ -334,10 +340,14 @@ def orphans_find(*, dry_run: bool | None = None) -> OrphanReport:
         except BackendError as exc:
             report.errors.append(f"{cluster.slug}: {exc}")
             continue
-        _answered(cluster)
+        _answered(report, cluster)
         ours = [job for job in held if PORTAL_TOKEN.fullmatch(job.token)]
-        live = dict(Job.objects.filter(token__in=[job.token for job in ours]).values_list("token", "state"))
-        orphans = [job for job in ours if job.token not in live or live[job.token] in END_STATES]
+        rows = Job.objects.filter(token__in=[job.token for job in ours])
+        known = {
+            token: rest for token, *rest in rows.values_list("token", "state", "cluster_id", "backend_id")
+        }
+        live = {token: state for token, (state, _cluster, _backend) in known.items()}
+        orphans = [job for job in ours if not _owned(job, known.get(job.token), cluster)]
         report.more = report.more or len(orphans) > MAX_ORPHANS_PER_CLUSTER
         for job in orphans[:MAX_ORPHANS_PER_CLUSTER]:
             row = {"cluster": cluster.slug, "backend_id": job.backend_id, "account": job.account}
@@ -362,6 +372,18 @@ def orphans_find(*, dry_run: bool | None = None) -> OrphanReport:
     return report
 
 
+def _owned(job, row, cluster: Cluster) -> bool:
+    """A scheduler job is the portal job whose token it carries only if that job is live, on this
+    cluster, and (once submitted) has this scheduler id: a second job made by hand with a live
+    job's token (its comment is visible to the user) is an orphan too."""
+    if row is None:
+        return False
+    state, cluster_id, backend_id = row
+    if state in END_STATES or cluster_id != cluster.pk:
+        return False
+    return not backend_id or backend_id == job.backend_id
+
+
 def _orphan_audit(cluster: Cluster, row: dict, *, cancelled: bool, tenant_id: int | None) -> None:
     """One audit per orphan and outcome: reported every run, but written down once."""
     earlier = AuditEvent.objects.filter(
@@ -379,35 +401,50 @@ def _orphan_audit(cluster: Cluster, row: dict, *, cancelled: bool, tenant_id: in
 # --- 5. Scratch
 
 
-def scratch_purge(*, dry_run: bool | None = None) -> ScratchReport:
+def scratch_purge(
+    *, dry_run: bool | None = None, cluster_id: int | None = None, tenant_id: int | None = None
+) -> ScratchReport:
     """Files older than SCRATCH_PURGE_DAYS under each tenant's scratch directory on each enabled
-    cluster are deleted by the backend, which refuses any path leading out of that directory;
-    one "scratch.purge" audit per cluster and tenant with anything deleted or refused."""
+    cluster (or the one cluster and tenant given: the beat task sends one task per pair, each
+    with its own time limit) are deleted by the backend, which refuses any path leading out of
+    that directory; one "scratch.purge" audit per cluster and tenant with anything deleted or
+    refused. A purge that does not finish (the cluster is down, or a huge tree outlasts the
+    command's timeout) is audited as unfinished and leaves the cluster's health to the poll:
+    find deletes as it walks, so some files may be gone already."""
     report = ScratchReport(dry_run=_dry(dry_run))
-    tenants = list(Tenant.objects.order_by("pk")[: MAX_TENANTS_PER_RUN + 1])
+    tenants = Tenant.objects.order_by("pk")
+    if tenant_id is not None:
+        tenants = tenants.filter(pk=tenant_id)
+    tenants = list(tenants[: MAX_TENANTS_PER_RUN + 1])
     report.more = len(tenants) > MAX_TENANTS_PER_RUN
-    for cluster in _clusters("scratch", report):
+    lock = "scratch" if tenant_id is None else f"scratch:{tenant_id}"
+    for cluster in _clusters(lock, report, cluster_id):
         backend = backend_of(cluster)
         for tenant in tenants[:MAX_TENANTS_PER_RUN]:
+            data = {"cluster": cluster.slug, "older_than_days": settings.SCRATCH_PURGE_DAYS}
             try:
                 purged = backend.purge_scratch(
                     tenant.slug, older_than_days=settings.SCRATCH_PURGE_DAYS, dry_run=report.dry_run
                 )
             except BackendUnavailable as exc:
-                _unreachable(report, cluster, exc)
+                report.unreachable.append(cluster.slug)
+                report.errors.append(f"{cluster.slug}/{tenant.slug}: {exc}")
+                if not report.dry_run:
+                    unfinished = data | {"finished": False, "error": str(exc)[:AUDIT_ERROR_CHARS]}
+                    audit_record(
+                        actor=None, action="scratch.purge", target=tenant, tenant=tenant, data=unfinished
+                    )
                 break
             except BackendError as exc:
                 report.errors.append(f"{cluster.slug}/{tenant.slug}: {exc}")
                 continue
-            _answered(cluster)
             report.files_deleted += len(purged.deleted)
             report.bytes_freed += purged.bytes_freed
             report.refused += len(purged.refused)
             if not purged.deleted and not purged.refused:
                 continue
-            data = {
-                "cluster": cluster.slug, "older_than_days": settings.SCRATCH_PURGE_DAYS,
-                "files_deleted": len(purged.deleted), "bytes_freed": purged.bytes_freed,
+            data |= {
+                "finished": True, "files_deleted": len(purged.deleted), "bytes_freed": purged.bytes_freed,
                 "deleted": purged.deleted[:AUDIT_LIST_MAX], "refused_count": len(purged.refused),
                 "refused": dict(list(purged.refused.items())[:AUDIT_LIST_MAX]), "dry_run": purged.dry_run,
             }  # fmt: skip
@@ -447,7 +484,7 @@ def retention_apply(*, dry_run: bool | None = None) -> RetentionReport:
         except BackendError as exc:
             report.errors.append(f"{cluster.slug}: {exc}")
             continue
-        _answered(cluster)
+        _answered(report, cluster)
         report.scheduler_objects[cluster.slug] = deleted
         if deleted and not report.dry_run:
             data = {"older_than_s": older_than_s, "count": len(deleted), "ids": deleted[:AUDIT_LIST_MAX]}

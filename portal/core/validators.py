@@ -6,3 +6,10 @@ slug_validator = RegexValidator(
     r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$",
     _("Use 1 to 63 lowercase letters, digits and inner hyphens."),
 )
+# A tenant's slug names its Slurm account and Kubernetes namespace: not one that Kubernetes or
+# Slurm keeps for itself.
+reserved_slug_validator = RegexValidator(
+    r"^(?:default|root|kube-.*)$",
+    _("This name is reserved by the schedulers; choose another."),
+    inverse_match=True,
+)

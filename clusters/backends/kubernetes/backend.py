@@ -272,7 +272,12 @@ class KubernetesBackend:
     def _portal_jobs(self, accounts: list[str]) -> list[dict]:
         """The portal's Jobs in these namespaces: one list by label, in the namespace when there
         is one, across all of them otherwise."""
-        namespaces = {check_namespace(account) for account in accounts}
+        namespaces = set()
+        for account in accounts:  # one account that cannot be a namespace spoils no other's
+            try:
+                namespaces.add(check_namespace(account))
+            except BackendError:
+                continue
         if not namespaces:
             return []
         jobs = self._list("list Jobs", "jobs", namespaces, "batch/v1", labelSelector=MANAGED_SELECTOR)

@@ -49,6 +49,7 @@ SQUEUE_FIELDS = "JobID:|,State:|,Reason:|,NodeList:|,StartTime:|,EndTime:|,exit_
 SACCT_FIELDS = "JobID,State,ExitCode,Start,End,NodeList,Reason"
 # A purge walks a whole tenant tree on a shared filesystem: more time than a Slurm command.
 PURGE_TIMEOUT_S = 300
+LOG_ACCOUNTS_PER_CALL = 100  # tenant directories per find of old job logs
 USABLE_NODE_STATES = {"idle", "mixed", "allocated", "completing", "planned"}
 
 
@@ -274,9 +275,22 @@ class SlurmBackend:
         return scratch.with_errors(report, result.stderr)
 
     def delete_finished(self, accounts: list[str], *, older_than_s: int, dry_run: bool) -> list[str]:
-        """Nothing to delete: slurmctld forgets an ended job by itself (MinJobAge) and the
-        accounting records are the site's to keep."""
-        return []
+        """The job logs (<account>/<token>.out) older than `older_than_s`, in one find per 100
+        accounts; returned as "<account>/<token>.out". slurmctld forgets an ended job by itself
+        (MinJobAge) and the accounting records are the site's to keep."""
+        minutes = check_count(max(older_than_s // 60, 1), "log age in minutes")
+        deleted: list[str] = []
+        for start in range(0, len(accounts), LOG_ACCOUNTS_PER_CALL):
+            chunk = accounts[start : start + LOG_ACCOUNTS_PER_CALL]
+            directories = [self._job_dir(account) for account in chunk]
+            argv = scratch.old_logs_argv(directories, older_than_minutes=minutes, dry_run=dry_run)
+            result = self.run(argv, timeout_s=max(self.command_timeout_s, PURGE_TIMEOUT_S))
+            if result.rc not in (0, 1):  # 1: a tenant directory not made yet, or an unreadable entry
+                raise ssh.failure(result)
+            for path in filter(None, result.stdout.split("\0")):
+                directory, _slash, name = path.rpartition("/")
+                deleted.append(f"{directory.rpartition('/')[2]}/{name}")
+        return deleted
 
     def gpu_utilization(self, backend_ids: list[str]) -> dict[str, GpuSample]:
         """Not read through Slurm: {} (a cluster's Prometheus/DCGM URL may have it)."""

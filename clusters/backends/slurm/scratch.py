@@ -25,6 +25,9 @@ from __future__ import annotations
 from clusters.backends.base import PurgeReport
 
 MINUTES_PER_DAY = 1440
+# The job output files sbatch writes beside the tenant's scratch (<account>/<token>.out): job
+# logs, kept by the log retention (JOB_LOG_RETENTION_DAYS, delete_finished), not by the purge.
+JOB_LOG_GLOB = "[0-9a-f]" * 32 + ".out"
 # A find error line is not worth more than this in the report.
 ERROR_CHARS = 500
 REFUSED_LINK = "symlink leading outside the scratch directory: not followed, kept"
@@ -61,6 +64,7 @@ def purge_argv(directory: str, *, older_than_days: int, dry_run: bool) -> list[s
         "-o",
         "(",
         "(", "-type", "f", "-o", "-type", "l", ")",
+        "!", "-path", f"{pattern}/{JOB_LOG_GLOB}",
         "-mmin", f"+{older_than_days * MINUTES_PER_DAY}",
         *delete,
         "-printf", r"D\0%y\0%s\0%n\0%P\0",
@@ -103,3 +107,13 @@ def with_errors(report: PurgeReport, stderr: str) -> PurgeReport:
     refused = dict(report.refused)
     refused["."] = f"{refused['.']}; {message}" if "." in refused else f"incomplete: {message}"
     return PurgeReport(report.deleted, refused, report.bytes_freed, report.dry_run)
+
+
+def old_logs_argv(directories: list[str], *, older_than_minutes: int, dry_run: bool) -> list[str]:
+    """find's argv for the job logs (<token>.out right under each tenant directory) older than
+    the retention: each printed as "<tenant directory>/<name>", NUL-separated, once deleted."""
+    delete = [] if dry_run else ["-delete"]
+    return [
+        "find", "-P", *directories, "-mindepth", "1", "-maxdepth", "1", "-xdev", "-type", "f",
+        "-name", JOB_LOG_GLOB, "-mmin", f"+{older_than_minutes}", *delete, "-printf", r"%p\0",
+    ]  # fmt: skip
