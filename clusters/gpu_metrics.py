@@ -307,4 +307,3 @@ def _without_credentials(url: str) -> str:
     parts = urlsplit(url)
     host = parts.netloc.rpartition("@")[2]
     return parts._replace(netloc=host).geturl()
-

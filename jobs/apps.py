@@ -6,11 +6,12 @@ class JobsConfig(AppConfig):
     verbose_name = "Jobs"
 
     def ready(self) -> None:
-        from celery import current_app
-
+        from jobs.services.common import _send
         from tenants.signals import tenant_limits_changed
 
         def follow_limits(sender, tenant_id: int, **kwargs) -> None:
-            current_app.send_task("jobs.tasks.apply_tenant", kwargs={"tenant_id": tenant_id})
+            # After commit, and a broker that is down costs only the message: apply-tenants
+            # applies every tenant's limits again within the hour.
+            _send("jobs.tasks.apply_tenant", tenant_id=tenant_id)
 
         tenant_limits_changed.connect(follow_limits, weak=False, dispatch_uid="jobs.follow_limits")

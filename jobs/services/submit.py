@@ -277,7 +277,9 @@ def _submit(*, user: AbstractBaseUser, request: JobRequest, idempotency_key: str
     _check_shape(request, partition)
     script = _script(request, partition)
     # Lock order: the partition first (admission serializes on it), then the grant.
-    partition = Partition.objects.select_for_update().select_related("cluster").get(pk=partition.pk)
+    partition = (
+        Partition.objects.select_for_update(of=("self",)).select_related("cluster").get(pk=partition.pk)
+    )
     hours = _gpu_hours(request)
     grant = _reserve(request, hours)
     cpus, mem = _cpus(request, partition), _mem(request, partition)
@@ -390,4 +392,6 @@ def _admit(partition: Partition) -> list[int]:
 @transaction.atomic
 def jobs_admit(*, partition_id: int) -> list[int]:
     """Admit what fits on the partition now; returns the admitted job ids."""
-    return _admit(Partition.objects.select_for_update().select_related("cluster").get(pk=partition_id))
+    return _admit(
+        Partition.objects.select_for_update(of=("self",)).select_related("cluster").get(pk=partition_id)
+    )

@@ -14,6 +14,11 @@
 #   testbed.sh down    stop the daemons this script started (by pid file);
 #                      MariaDB is left alone
 #   testbed.sh status  one line per daemon; exit 0 only when all run
+#   testbed.sh ctld-stop   stop slurmctld alone, for a fault test's outage (idempotent);
+#                      until ctld-start, or for at most OUTAGE_MAX_S, `up` waits for the
+#                      outage to end instead of restarting slurmctld under the test
+#   testbed.sh ctld-start  start slurmctld again, wait until it and the nodes answer
+#                      (idempotent)
 #
 # State (keys, pid files, logs, sshd config, env file) lives in
 # ${TESTBED_DIR:-<repo root>/var/testbed}; Slurm's config goes to /etc/slurm so
@@ -45,6 +50,7 @@ DB_USER=slurm
 MYSQL_HOST=127.0.0.1
 MYSQL_PORT=3306
 WAIT_S=${TESTBED_WAIT_S:-60}
+OUTAGE_MAX_S=${TESTBED_OUTAGE_MAX_S:-120} # a fault test that died mid-outage leaves a stale marker
 # libpmix-dev: MpiDefault=pmix, and Debian's mpi/pmix plugin dlopens the unversioned libpmix.so that only
 # the -dev package ships. lammps (with Open MPI): the MPI program of the multi-node test (tests/test_multinode.py).
 PACKAGES=(munge slurm-wlm slurmdbd openssh-server libpmix-dev lammps)
@@ -70,6 +76,7 @@ HOST_KEY=$SSH_DIR/ssh_host_ed25519_key
 KNOWN_HOSTS=$SSH_DIR/known_hosts
 SSHD_CONFIG=$SSH_DIR/sshd_config
 DB_PASS_FILE=$STATE/slurmdbd.pass
+OUTAGE=$STATE/ctld-outage # present while a fault test holds slurmctld stopped
 
 pidfile() { echo "$RUN_DIR/$1.pid"; }
 logfile() {
@@ -649,18 +656,57 @@ cmd_status() {
     return $rc
 }
 
+# ------------------------------------------------------ slurmctld outage --
+cmd_ctld_stop() {
+    touch "$OUTAGE"
+    stop_daemon slurmctld
+    # the client side of the outage: commands must now fail, not find a controller
+    wait_for 10 bash -c '! scontrol ping 2>/dev/null | grep -q "is UP"' || die "slurmctld still answers"
+}
+
+cmd_ctld_start() {
+    install -d -m 755 "$RUN_DIR" "$LOG_DIR"
+    start_slurmctld
+    start_slurmds # waits until the nodes registered again (and starts a slurmd that died meanwhile)
+    rm -f "$OUTAGE"
+}
+
+outage_fresh() {
+    local since
+    since=$(stat -c %Y "$OUTAGE" 2>/dev/null) || return 1
+    (($(date +%s) - since < OUTAGE_MAX_S)) && return 0
+    log "slurmctld outage marker is older than ${OUTAGE_MAX_S}s: ending the outage"
+    rm -f "$OUTAGE"
+    return 1
+}
+
 # serialise concurrent up/down (e.g. parallel test workers)
 lock() {
     exec 9>"$STATE/.lock"
     flock -w 900 9 || die "could not lock $STATE/.lock"
 }
 
+# up, but not during a fault test's slurmctld outage: wait for its end without holding the
+# lock (ctld-start takes it), then check again under the lock, since ctld-stop may have won it.
+up_after_outage() {
+    local deadline=$((SECONDS + OUTAGE_MAX_S + 5))
+    while :; do
+        while outage_fresh && ((SECONDS < deadline)); do sleep 0.25; done
+        lock
+        if ! outage_fresh || ((SECONDS >= deadline)); then break; fi
+        flock -u 9
+    done
+    cmd_up
+}
+
 case ${1:-} in
-up) lock && cmd_up ;;
+up) up_after_outage ;;
 down) lock && cmd_down ;;
 status) cmd_status ;;
+ctld-stop) lock && cmd_ctld_stop ;;
+ctld-start) lock && cmd_ctld_start ;;
 *)
-    echo "usage: $0 up|down|status" >&2
+    echo "usage: $0 up|down|status|ctld-stop|ctld-start" >&2
     exit 2
     ;;
 esac
