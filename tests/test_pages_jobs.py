@@ -5,6 +5,7 @@ import re
 import subprocess
 from datetime import timedelta
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -13,8 +14,6 @@ from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from clusters.backends.base import BackendUnavailable
-from clusters.backends.local import LocalBackend
 from clusters.models import Cluster, Partition
 from jobs.models import Job, JobEvent, JobState
 from jobs.states import END_STATES
@@ -227,17 +226,29 @@ def test_the_job_page_shows_resources_timeline_gpu_hours_and_log_state(web, memb
     assert "Cancel job" not in page  # ended: nothing to cancel
 
 
-def test_an_unreadable_log_is_a_message_in_the_page(web, member, grant, local_partition, monkeypatch):
-    def unavailable(self, job, *, lines, max_bytes):
-        raise BackendUnavailable("disk gone")
-
-    monkeypatch.setattr(LocalBackend, "log_tail", unavailable)
-    job = make_job(grant, local_partition, member, state=JobState.RUNNING, backend_id="local-1")
-    client = web(member)
-    page = client.get(f"/t/protein-lab/jobs/{job.pk}/").content.decode()
-    assert "The output cannot be read from cluster Local right now. Trying again." in page
-    fragment = client.get(f"/t/protein-lab/jobs/{job.pk}/log/", **HTMX)
-    assert fragment.status_code == 200 and 'role="alert"' in fragment.content.decode()
+def test_an_unreadable_log_is_a_message_in_the_page(web, member, grant, local_partition, tmp_path):
+    # A local cluster whose state directory is a file: every read of it fails, as a lost disk would.
+    state = Path(settings.VAR_DIR) / "local-cluster" / "unreadable"
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.write_text("not a directory")
+    cluster = Cluster.objects.create(slug="unreadable", name="Unreadable", kind="local", local_gpus=1)
+    partition = Partition.objects.create(
+        cluster=cluster,
+        name="local",
+        gpu_model=grant.gpu_model,
+        gpus_per_node=1,
+        nodes=1,
+        max_walltime_minutes=60,
+    )
+    try:
+        job = make_job(grant, partition, member, state=JobState.RUNNING, backend_id="local-1")
+        client = web(member)
+        page = client.get(f"/t/protein-lab/jobs/{job.pk}/").content.decode()
+        assert "The output cannot be read from cluster Unreadable right now. Trying again." in page
+        fragment = client.get(f"/t/protein-lab/jobs/{job.pk}/log/", **HTMX)
+        assert fragment.status_code == 200 and 'role="alert"' in fragment.content.decode()
+    finally:
+        state.unlink()
 
 
 @pytest.mark.parametrize(

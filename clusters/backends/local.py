@@ -308,6 +308,10 @@ class LocalBackend:
                 data = f.read(size - start)  # the job may still be writing: never read past the bound
         except FileNotFoundError:
             return LogTail(lines=[], truncated=False)
+        except OSError as exc:  # a state directory gone bad (not a directory, unreadable, I/O error)
+            raise base.BackendUnavailable(
+                f"the output of {job.backend_id} cannot be read: {exc.strerror}"
+            ) from None
         truncated = start > 0
         if truncated and b"\n" in data[:-1]:
             data = data[data.index(b"\n") + 1 :]
