@@ -34,6 +34,7 @@ from tenants.views import (
     error_message,
     form_errors_from,
     grant_rows,
+    pick_scenario,
     require_or_403,
     tenant_context,
     tenant_or_404,
@@ -328,11 +329,7 @@ def _submit_choices(request: HttpRequest, tenant: Tenant, scenario) -> tuple[lis
 
 def _submit_form(request: HttpRequest, tenant: Tenant) -> dict:
     """The submit form for the scenario asked (GET ?scenario= or the POSTed one), bound to a POST."""
-    scenarios = list(scenario_list().only("slug", "name"))
-    data = request.POST if request.method == "POST" else request.GET
-    scenario = next((s for s in scenarios if s.slug == data.get("scenario")), None)
-    if scenario is None and scenarios and request.method == "GET":
-        scenario = scenarios[0]
+    scenarios, scenario = pick_scenario(request, scenario_list().only("slug", "name"))
     gpu_models, templates = _submit_choices(request, tenant, scenario)
     form = JobSubmitForm(
         request.POST if request.method == "POST" else None, gpu_models=gpu_models, templates=templates

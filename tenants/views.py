@@ -74,6 +74,17 @@ def form_errors_from(form, exc: PortalError) -> None:
     form.add_error(None, f"{error_message(exc)} {exc.detail}")
 
 
+def pick_scenario(request: HttpRequest, scenarios) -> tuple[list, object]:
+    """The scenarios, and the one the form names (POST, or GET ?scenario=); a GET without one
+    takes the first. None when a POST names none that exists."""
+    scenarios = list(scenarios)
+    data = request.POST if request.method == "POST" else request.GET
+    scenario = next((s for s in scenarios if s.slug == data.get("scenario")), None)
+    if scenario is None and scenarios and request.method == "GET":
+        scenario = scenarios[0]
+    return scenarios, scenario
+
+
 def tenant_or_404(request: HttpRequest, slug: str) -> Tenant:
     return get_object_or_404(tenants_visible_to(user=request.user), slug=slug)
 
@@ -259,11 +270,7 @@ def quota(request: HttpRequest, slug: str) -> HttpResponse:
         return HttpResponseNotAllowed(["GET", "POST"])
     if request.method == "POST":
         require_or_403(request.user, tenant, roles.REQUEST_QUOTA)
-    data = request.POST if request.method == "POST" else request.GET
-    scenarios = list(scenario_list())
-    scenario = next((s for s in scenarios if s.slug == data.get("scenario")), None)
-    if scenario is None and scenarios and request.method == "GET":
-        scenario = scenarios[0]
+    scenarios, scenario = pick_scenario(request, scenario_list())
     ranking = list(scenario.ranking.all()) if scenario else []
     form = QuotaRequestForm(request.POST if request.method == "POST" else None, ranking=ranking)
     status = 200

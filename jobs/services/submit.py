@@ -206,16 +206,22 @@ class JobPreview:
     gpu_hours_left: Decimal
 
 
-def job_preview(*, request: JobRequest) -> JobPreview:
-    """The submit form's live check: the same validation, partition choice and script as
-    job_submit, and the grant it would reserve on (read, not locked). Raises what job_submit
-    would raise for the same input, so that the form shows it before the person submits."""
+def _checked(request: JobRequest) -> tuple[Partition, str]:
+    """What submit and preview check before any grant: the tenant may submit, the env, the
+    partition (picked), the job's shape on it, and the script (rendered)."""
     if request.tenant.state != TenantState.ACTIVE:
         raise TenantSuspended(f"Tenant {request.tenant.slug} is suspended: it can read but not submit.")
     _check_env(request.env)
     partition = _pick_partition(request)
     _check_shape(request, partition)
-    script = _script(request, partition)
+    return partition, _script(request, partition)
+
+
+def job_preview(*, request: JobRequest) -> JobPreview:
+    """The submit form's live check: the same validation, partition choice and script as
+    job_submit, and the grant it would reserve on (read, not locked). Raises what job_submit
+    would raise for the same input, so that the form shows it before the person submits."""
+    partition, script = _checked(request)
     hours = _gpu_hours(request)
     grants = _matching_grants(request).filter(gpus__gte=request.gpus)
     left = max((grant.gpu_hours_remaining for grant in grants), default=None)
@@ -270,12 +276,7 @@ def job_submit(
 
 @transaction.atomic
 def _submit(*, user: AbstractBaseUser, request: JobRequest, idempotency_key: str, digest: str) -> Job:
-    if request.tenant.state != TenantState.ACTIVE:
-        raise TenantSuspended(f"Tenant {request.tenant.slug} is suspended: it can read but not submit.")
-    _check_env(request.env)
-    partition = _pick_partition(request)
-    _check_shape(request, partition)
-    script = _script(request, partition)
+    partition, script = _checked(request)
     # Lock order: the partition first (admission serializes on it), then the grant.
     partition = (
         Partition.objects.select_for_update(of=("self",)).select_related("cluster").get(pk=partition.pk)
