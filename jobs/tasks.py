@@ -6,7 +6,7 @@ from django.db.models import Q
 
 from clusters.backends.base import BackendUnavailable
 from clusters.backends.slurm.backend import PURGE_TIMEOUT_S
-from clusters.models import Cluster, ClusterKind
+from clusters.models import Cluster
 from jobs import services
 from jobs.models import Job
 from jobs.states import ACTIVE_IN_SCHEDULER
@@ -115,12 +115,7 @@ def hold_suspended_tenants() -> dict:
 def purge_scratch() -> int:
     """Beat, daily: one purge_tenant_scratch per enabled cluster and tenant, so that a slow tree
     holds up no other and each purge has its own time limit. Kubernetes clusters keep no scratch."""
-    clusters = Cluster.objects.filter(enabled=True).exclude(kind=ClusterKind.KUBERNETES)
-    pairs = [
-        (c, t)
-        for c in clusters.values_list("pk", flat=True)
-        for t in Tenant.objects.values_list("pk", flat=True)
-    ]
+    pairs = services.scratch_purge_targets()
     for cluster_id, tenant_id in pairs:
         purge_tenant_scratch.apply_async(
             kwargs={"cluster_id": cluster_id, "tenant_id": tenant_id}, expires=80_000

@@ -24,15 +24,6 @@ TODAY = timezone.localdate()
 
 
 @pytest.fixture
-def local_partition(catalog):
-    cluster = Cluster.objects.create(slug="local", name="Local", kind="local", local_gpus=4, healthy=True)
-    return Partition.objects.create(
-        cluster=cluster, name="local", gpu_model=catalog[1], gpus_per_node=4, nodes=1, max_walltime_minutes=60,
-        max_cpus_per_gpu=1, max_mem_per_gpu_mb=1000,
-    )  # fmt: skip
-
-
-@pytest.fixture
 def grant(tenant, catalog):
     return QuotaGrant.objects.create(
         tenant=tenant, scenario=catalog[0], gpu_model=catalog[1], gpus=4, gpu_hours=Decimal(100),

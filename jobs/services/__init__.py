@@ -12,6 +12,7 @@ from jobs.services.cleanup import (
     orphans_find,
     retention_apply,
     scratch_purge,
+    scratch_purge_targets,
     tenants_hold_suspended,
 )
 from jobs.services.dispatch import _claim, _spec, job_dispatch, jobs_sweep
@@ -57,6 +58,7 @@ __all__ = [
     "request_digest",
     "retention_apply",
     "scratch_purge",
+    "scratch_purge_targets",
     "tenant_apply",
     "tenant_limits",
     "tenants_hold_suspended",

@@ -191,6 +191,24 @@ def _answered(report: CleanupReport, cluster: Cluster) -> None:
         cluster_mark_health(cluster=cluster, healthy=True, detail="answers")
 
 
+NO_ANSWER = object()
+
+
+def _ask(report: CleanupReport, cluster: Cluster, call, *args, **kwargs):
+    """call(*args, **kwargs), a method of the cluster's backend, its health followed as the poll
+    does: NO_ANSWER when the cluster cannot be reached (marked unhealthy) or refuses (reported)."""
+    try:
+        answer = call(*args, **kwargs)
+    except BackendUnavailable as exc:
+        _unreachable(report, cluster, exc)
+        return NO_ANSWER
+    except BackendError as exc:
+        report.errors.append(f"{cluster.slug}: {exc}")
+        return NO_ANSWER
+    _answered(report, cluster)
+    return answer
+
+
 def _apply_limits(report, tenant_ids: set[int], dry_run: bool) -> None:
     """Re-apply the tenants' limits on every enabled cluster (jobs.tasks.apply_tenant, on commit)."""
     for tenant_id in sorted(tenant_ids):
@@ -332,15 +350,9 @@ def orphans_find(*, dry_run: bool | None = None) -> OrphanReport:
         return report
     for cluster in _clusters("orphans", report):
         backend = backend_of(cluster)
-        try:
-            held = backend.list_jobs(sorted(accounts))
-        except BackendUnavailable as exc:
-            _unreachable(report, cluster, exc)
+        held = _ask(report, cluster, backend.list_jobs, sorted(accounts))
+        if held is NO_ANSWER:
             continue
-        except BackendError as exc:
-            report.errors.append(f"{cluster.slug}: {exc}")
-            continue
-        _answered(report, cluster)
         ours = [job for job in held if PORTAL_TOKEN.fullmatch(job.token)]
         rows = Job.objects.filter(token__in=[job.token for job in ours])
         known = {
@@ -399,6 +411,18 @@ def _orphan_audit(cluster: Cluster, row: dict, *, cancelled: bool, tenant_id: in
 
 
 # --- 5. Scratch
+
+
+def scratch_purge_targets() -> list[tuple[int, int]]:
+    """(cluster id, tenant id) of every purge the daily run sends: each enabled cluster that
+    keeps scratch (Kubernetes keeps none on the portal's side) with each tenant."""
+    clusters = Cluster.objects.filter(enabled=True).exclude(kind=ClusterKind.KUBERNETES)
+    tenants = list(Tenant.objects.order_by("pk").values_list("pk", flat=True))
+    return [
+        (cluster_id, tenant_id)
+        for cluster_id in clusters.values_list("pk", flat=True)
+        for tenant_id in tenants
+    ]
 
 
 def scratch_purge(
@@ -474,17 +498,17 @@ def retention_apply(*, dry_run: bool | None = None) -> RetentionReport:
             older_than_s = cluster_config(cluster).k8s_job_ttl_s
         else:
             older_than_s = settings.JOB_LOG_RETENTION_DAYS * 86400
-        try:
-            deleted = backend_of(cluster).delete_finished(
-                accounts, older_than_s=older_than_s, dry_run=report.dry_run
-            )
-        except BackendUnavailable as exc:
-            _unreachable(report, cluster, exc)
+        backend = backend_of(cluster)
+        deleted = _ask(
+            report,
+            cluster,
+            backend.delete_finished,
+            accounts,
+            older_than_s=older_than_s,
+            dry_run=report.dry_run,
+        )
+        if deleted is NO_ANSWER:
             continue
-        except BackendError as exc:
-            report.errors.append(f"{cluster.slug}: {exc}")
-            continue
-        _answered(report, cluster)
         report.scheduler_objects[cluster.slug] = deleted
         if deleted and not report.dry_run:
             data = {"older_than_s": older_than_s, "count": len(deleted), "ids": deleted[:AUDIT_LIST_MAX]}
