@@ -112,6 +112,14 @@ def catalog(db):
 
 
 @pytest.fixture
+def testbed(transactional_db, catalog):
+    """The Slurm testbed, up and registered as the Cluster "testbed" with its partitions."""
+    from tests.testbed.env import registered_testbed
+
+    return registered_testbed()
+
+
+@pytest.fixture
 def local_partition(catalog):
     """A local cluster of 4 GPUs whose partition offers the catalog's GPU model."""
     from clusters.models import Cluster, Partition

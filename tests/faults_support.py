@@ -2,7 +2,6 @@
 testbed, jobs submitted through the service, real Celery workers that a test may kill, and
 Slurm's own count of jobs per portal token: the figure every fault is judged by."""
 
-import io
 import os
 import subprocess
 import time
@@ -13,7 +12,6 @@ from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
-from django.core.management import call_command
 from django.utils import timezone
 
 from clusters.backends.slurm import SlurmBackend
@@ -24,16 +22,9 @@ from jobs.services import JobRequest, job_submit, tenant_apply
 from tenants.models import QuotaGrant, Role, Tenant
 from tests.conftest import ROOT, VENV_BIN, database_url_of_test_db, die_with_parent, join, stop
 from tests.factories import catalog_pair
-from tests.testbed.env import testbed_env
 
 SCRIPT = "#!/bin/sh\ntrue\n"  # over at once: the fault tests hold the shared testbed's GPUs briefly
 GPU_MODEL = "a100-80gb"  # the a100 partition: the end-to-end tests use h100
-
-
-def registered_testbed() -> Cluster:
-    testbed_env()
-    call_command("register_testbed", stdout=io.StringIO())
-    return Cluster.objects.get(slug="testbed")
 
 
 @dataclass

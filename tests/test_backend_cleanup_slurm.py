@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from clusters.backends import backend_for, base
-from clusters.backends.base import BackendError, ClusterConfig, JobSpec, PurgeReport
+from clusters.backends.base import BackendError, JobSpec, PurgeReport
 from clusters.backends.slurm import SlurmBackend
 from tests.test_backend_cleanup_local import (
     PURGE_DAYS,
@@ -25,22 +25,11 @@ from tests.test_backend_cleanup_local import (
     assert_untouched,
     build_scratch_tree,
 )
-from tests.testbed.env import testbed_env
+from tests.testbed.env import testbed_config, testbed_env
 
 
 def make_backend(**overrides) -> SlurmBackend:
-    env = testbed_env()
-    config = ClusterConfig(
-        slug="slurm-testbed",
-        kind="slurm",
-        ssh_host=env["SLURM_TESTBED_HOST"],
-        ssh_port=int(env["SLURM_TESTBED_PORT"]),
-        ssh_user=env["SLURM_TESTBED_USER"],
-        ssh_known_hosts=Path(env["SLURM_TESTBED_KNOWN_HOSTS"]).read_text(),
-        ssh_private_key=Path(env["SLURM_TESTBED_KEY_FILE"]).read_text(),
-        slurm_cluster_name=env["SLURM_TESTBED_CLUSTER"],
-        **overrides,
-    )
+    config = testbed_config(**overrides)
     backend = backend_for(config)
     assert isinstance(backend, SlurmBackend)
     return backend

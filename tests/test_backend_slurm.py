@@ -13,7 +13,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -23,13 +22,13 @@ from clusters.backends import backend_for, base
 from clusters.backends.base import (
     BackendError,
     BackendUnavailable,
-    ClusterConfig,
     JobRef,
     JobSpec,
     TenantLimits,
 )
 from clusters.backends.slurm import SlurmBackend, ssh
 from clusters.backends.slurm.accounts import TIERS
+from tests.testbed.env import testbed_config as make_config
 from tests.testbed.env import testbed_env
 
 POLL_S = 0.5
@@ -37,21 +36,6 @@ JOB_TIMEOUT_S = 60
 
 
 # ------------------------------------------------------------------ helpers --
-def make_config(**overrides) -> ClusterConfig:
-    env = testbed_env()
-    config = ClusterConfig(
-        slug="slurm-testbed",
-        kind="slurm",
-        ssh_host=env["SLURM_TESTBED_HOST"],
-        ssh_port=int(env["SLURM_TESTBED_PORT"]),
-        ssh_user=env["SLURM_TESTBED_USER"],
-        ssh_known_hosts=Path(env["SLURM_TESTBED_KNOWN_HOSTS"]).read_text(),
-        ssh_private_key=Path(env["SLURM_TESTBED_KEY_FILE"]).read_text(),
-        slurm_cluster_name=env["SLURM_TESTBED_CLUSTER"],
-    )
-    return replace(config, **overrides)
-
-
 def wait_until(description: str, probe: Callable, timeout: float = JOB_TIMEOUT_S):
     deadline = time.monotonic() + timeout
     last = None

@@ -2,14 +2,12 @@
 and an ended grant's limits lowered in slurmdbd. A test that fails because slurmctld was briefly
 stopped (fault injection) is re-run, not skipped."""
 
-import io
 import time
 import uuid
 from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.core.management import call_command
 from django.utils import timezone
 
 from clusters.backends.base import JobSpec
@@ -29,16 +27,8 @@ from jobs.states import END_STATES
 from portal.core.models import AuditEvent
 from tenants.models import QuotaGrant, Role, Tenant
 from tests.conftest import join
-from tests.testbed.env import testbed_env
 
 TODAY = timezone.localdate()
-
-
-@pytest.fixture
-def testbed(transactional_db, catalog) -> Cluster:
-    testbed_env()
-    call_command("register_testbed", stdout=io.StringIO())
-    return Cluster.objects.get(slug="testbed")
 
 
 @pytest.fixture

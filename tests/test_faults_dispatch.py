@@ -37,13 +37,13 @@ from jobs.services import jobs_sweep
 from portal.celery import app
 from tests.conftest import stop
 from tests.faults_support import (
-    registered_testbed,
     slurm_tenant,
     spawn_worker,
     tally,
     wait_until,
     worker_ready,
 )
+from tests.testbed.env import registered_testbed
 
 KILLS = 50
 WORKERS = 3

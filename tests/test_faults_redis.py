@@ -36,12 +36,12 @@ from tests.conftest import (
 from tests.faults_support import (
     GPU_MODEL,
     SCRIPT,
-    registered_testbed,
     slurm_tenant,
     start_worker,
     tally,
     wait_until,
 )
+from tests.testbed.env import registered_testbed
 
 OUTAGE_S = 30
 CLIENTS = 2

@@ -26,8 +26,8 @@ from jobs.services import job_dispatch, jobs_poll, jobs_sweep
 from jobs.tasks import RETRY, dispatch_job, sweep_jobs
 from portal.celery import app
 from tests.conftest import free_port, stop
-from tests.faults_support import registered_testbed, slurm_tenant, start_worker, tally, wait_until
-from tests.testbed.env import TESTBED_SCRIPT, testbed_env
+from tests.faults_support import slurm_tenant, start_worker, tally, wait_until
+from tests.testbed.env import TESTBED_SCRIPT, registered_testbed, testbed_env
 
 DISPATCH_SOFT_LIMIT_S = settings.JOB_DISPATCH_TIME_LIMIT_S - 30  # jobs.tasks.dispatch_job
 

@@ -1,6 +1,5 @@
 """End to end on the real Slurm testbed: the API, a real Celery worker on Redis, sbatch over SSH."""
 
-import io
 import os
 import signal
 import subprocess
@@ -11,12 +10,10 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.core.management import call_command
 from django.utils import timezone
 
 from clusters.backends.base import ClusterConfig
 from clusters.backends.slurm import SlurmBackend
-from clusters.models import Cluster
 from clusters.services import cluster_config
 from jobs.models import Job
 from jobs.services import tenant_apply
@@ -24,16 +21,8 @@ from jobs.tasks import poll_cluster, sweep_jobs
 from portal.celery import app
 from tenants.models import QuotaGrant, Role, Tenant
 from tests.conftest import ROOT, database_url_of_test_db, join, start_celery_worker, stop
-from tests.testbed.env import testbed_env
 
 TODAY = timezone.localdate()
-
-
-@pytest.fixture
-def testbed(transactional_db, catalog) -> Cluster:
-    testbed_env()
-    call_command("register_testbed", stdout=io.StringIO())
-    return Cluster.objects.get(slug="testbed")
 
 
 def run_on_cluster(config: ClusterConfig, argv: list[str]) -> str:

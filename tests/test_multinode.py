@@ -12,12 +12,12 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 from clusters.backends import base
-from clusters.backends.base import ClusterConfig, JobRef, JobSpec, TenantLimits
+from clusters.backends.base import JobRef, JobSpec, TenantLimits
 from clusters.backends.slurm import SlurmBackend
 from jobs.job_templates import render_template
+from tests.testbed.env import testbed_config as make_config
 from tests.testbed.env import testbed_env
 
 NODES = 2
@@ -42,20 +42,6 @@ neigh_modify    delay 0 every 20 check no
 fix             1 all nve
 run             100
 """
-
-
-def make_config() -> ClusterConfig:
-    env = testbed_env()
-    return ClusterConfig(
-        slug="slurm-testbed",
-        kind="slurm",
-        ssh_host=env["SLURM_TESTBED_HOST"],
-        ssh_port=int(env["SLURM_TESTBED_PORT"]),
-        ssh_user=env["SLURM_TESTBED_USER"],
-        ssh_known_hosts=Path(env["SLURM_TESTBED_KNOWN_HOSTS"]).read_text(),
-        ssh_private_key=Path(env["SLURM_TESTBED_KEY_FILE"]).read_text(),
-        slurm_cluster_name=env["SLURM_TESTBED_CLUSTER"],
-    )
 
 
 def wait_until(description: str, probe: Callable, timeout: float):

@@ -85,3 +85,36 @@ def testbed_env() -> dict[str, str]:
 
 
 testbed_env.__test__ = False  # type: ignore[attr-defined]  # not a test, despite its name
+
+
+def testbed_config(**overrides):
+    """The ClusterConfig that reaches the testbed over SSH as the portal's user."""
+    from dataclasses import replace
+
+    from clusters.backends.base import ClusterConfig
+
+    env = testbed_env()
+    config = ClusterConfig(
+        slug="slurm-testbed",
+        kind="slurm",
+        ssh_host=env["SLURM_TESTBED_HOST"],
+        ssh_port=int(env["SLURM_TESTBED_PORT"]),
+        ssh_user=env["SLURM_TESTBED_USER"],
+        ssh_known_hosts=Path(env["SLURM_TESTBED_KNOWN_HOSTS"]).read_text(),
+        ssh_private_key=Path(env["SLURM_TESTBED_KEY_FILE"]).read_text(),
+        slurm_cluster_name=env["SLURM_TESTBED_CLUSTER"],
+    )
+    return replace(config, **overrides)
+
+
+def registered_testbed():
+    """The testbed as the portal's Cluster "testbed" (manage.py register_testbed), with its partitions."""
+    import io
+
+    from django.core.management import call_command
+
+    from clusters.models import Cluster
+
+    testbed_env()
+    call_command("register_testbed", stdout=io.StringIO())
+    return Cluster.objects.get(slug="testbed")
