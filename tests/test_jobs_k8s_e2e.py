@@ -2,7 +2,6 @@
 Kubernetes backend over HTTP to the API server of tests/k8s_apiserver (whose kubelet runs each
 container's command as a local process)."""
 
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
@@ -12,8 +11,8 @@ from django.utils import timezone
 
 from clusters.models import Cluster, Partition
 from jobs.services import tenant_apply
-from jobs.tasks import poll_cluster
 from tenants.models import QuotaGrant
+from tests.jobs_support import api_submit, follow
 from tests.k8s_apiserver import FakeApiServer
 
 TOKEN = "e2e-token-0123456789abcdef"
@@ -54,25 +53,13 @@ def k8s(transactional_db, api, catalog, tenant) -> Cluster:
     return cluster
 
 
-def submit(client, **overrides) -> dict:
-    body = {
-        "tenant": "protein-lab", "scenario": "ai-training", "gpu_model": "h100-80gb", "gpus": 2, "cluster": "k8s",
-        "walltime_minutes": 5, "name": "e2e", "script": "#!/bin/bash\necho hello from pod $JOB_COMPLETION_INDEX\n",
-    } | overrides  # fmt: skip
-    response = client.post("/api/v1/jobs/", body, format="json")
-    assert response.status_code == 201, response.content
-    return response.json()
-
-
-def follow(client, job_id: str, cluster_id: int, until: set[str], timeout_s: float = 60) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        poll_cluster.delay(cluster_id=cluster_id).get(timeout=30)
-        job = client.get(f"/api/v1/jobs/{job_id}/").json()
-        if job["state"] in until:
-            return job
-        time.sleep(0.3)
-    raise AssertionError(f"job {job_id} still {job['state']} ({job['reason']}) after {timeout_s}s")
+def submit(client, **fields) -> dict:
+    pod = {
+        "cluster": "k8s",
+        "name": "e2e",
+        "script": "#!/bin/bash\necho hello from pod $JOB_COMPLETION_INDEX\n",
+    }
+    return api_submit(client, **pod | fields)
 
 
 def test_a_job_completes_with_its_log_and_gpu_hours(celery_worker, client_for, member, k8s, api):

@@ -1,36 +1,14 @@
 """End to end on the local cluster: the API, a real Celery worker on Redis, real processes."""
 
-import time
 from decimal import Decimal
 
 from django.utils import timezone
 
 from jobs.models import Job
-from jobs.tasks import poll_cluster
+from tests.jobs_support import api_submit as submit
+from tests.jobs_support import follow
 
 TODAY = timezone.localdate()
-
-
-def follow(client, job_id: str, cluster_id: int, until: set[str], timeout_s: float = 60) -> dict:
-    """Poll through the worker, as beat would, until the job reaches one of `until`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        poll_cluster.delay(cluster_id=cluster_id).get(timeout=30)
-        job = client.get(f"/api/v1/jobs/{job_id}/").json()
-        if job["state"] in until:
-            return job
-        time.sleep(0.3)
-    raise AssertionError(f"job {job_id} still {job['state']} after {timeout_s}s")
-
-
-def submit(client, **overrides) -> dict:
-    body = {
-        "tenant": "protein-lab", "scenario": "ai-training", "gpu_model": "h100-80gb", "gpus": 2,
-        "walltime_minutes": 5, "name": "hello", "script": "#!/bin/bash\necho gpus=$CUDA_VISIBLE_DEVICES\nsleep 1\n",
-    } | overrides  # fmt: skip
-    response = client.post("/api/v1/jobs/", body, format="json")
-    assert response.status_code == 201, response.content
-    return response.json()
 
 
 def test_a_job_runs_to_completion_and_its_gpu_hours_are_charged(

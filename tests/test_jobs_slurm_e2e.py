@@ -17,12 +17,15 @@ from clusters.backends.slurm import SlurmBackend
 from clusters.services import cluster_config
 from jobs.models import Job
 from jobs.services import tenant_apply
-from jobs.tasks import poll_cluster, sweep_jobs
+from jobs.tasks import sweep_jobs
 from portal.celery import app
 from tenants.models import QuotaGrant, Role, Tenant
 from tests.conftest import ROOT, database_url_of_test_db, join, start_celery_worker, stop
+from tests.jobs_support import api_submit
+from tests.jobs_support import follow as follow_job
 
 TODAY = timezone.localdate()
+SCRIPT = "#!/bin/bash\necho gpus=$CUDA_VISIBLE_DEVICES\nsleep 2\n"
 
 
 def run_on_cluster(config: ClusterConfig, argv: list[str]) -> str:
@@ -47,27 +50,13 @@ def slurm_tenant(testbed, catalog):
     run_on_cluster(config, ["sacctmgr", "-i", "delete", "account", tenant.slug])
 
 
-def submit(client, tenant: Tenant, **overrides) -> dict:
-    body = {
-        "tenant": tenant.slug, "scenario": "ai-training", "gpu_model": "h100-80gb", "gpus": 2, "cluster": "testbed",
-        "walltime_minutes": 5, "name": "e2e", "script": "#!/bin/bash\necho gpus=$CUDA_VISIBLE_DEVICES\nsleep 2\n",
-    } | overrides  # fmt: skip
-    response = client.post("/api/v1/jobs/", body, format="json")
-    assert response.status_code == 201, response.content
-    return response.json()
+def submit(client, tenant: Tenant, **fields) -> dict:
+    on_testbed = {"tenant": tenant.slug, "cluster": "testbed", "name": "e2e", "script": SCRIPT}
+    return api_submit(client, **on_testbed | fields)
 
 
 def follow(client, job_id: str, cluster_id: int, until: set[str], timeout_s: float = 90) -> dict:
-    deadline = time.monotonic() + timeout_s
-    seen = []
-    while time.monotonic() < deadline:
-        poll_cluster.delay(cluster_id=cluster_id).get(timeout=60)
-        job = client.get(f"/api/v1/jobs/{job_id}/").json()
-        seen.append((job["state"], job["reason"]))
-        if job["state"] in until:
-            return job
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} never reached {until}: {seen[-5:]}")
+    return follow_job(client, job_id, cluster_id, until, timeout_s)
 
 
 def test_submit_runs_to_completed_with_gpu_hours_charged(celery_worker, client_for, testbed, slurm_tenant):

@@ -18,18 +18,9 @@ from tests.browser import (
     outside_the_browser,
     screenshot,
 )
+from tests.jobs_support import api_submit as submit
 
 TODAY = timezone.localdate()
-
-
-def submit(client, **overrides) -> dict:
-    body = {
-        "tenant": "protein-lab", "scenario": "ai-training", "gpu_model": "h100-80gb", "gpus": 2,
-        "walltime_minutes": 5, "name": "hello", "script": "#!/bin/bash\necho gpus=$CUDA_VISIBLE_DEVICES\nsleep 1\n",
-    } | overrides  # fmt: skip
-    response = client.post("/api/v1/jobs/", body, format="json")
-    assert response.status_code == 201, response.content
-    return response.json()
 
 
 def queued_job(grant, partition, user) -> Job:

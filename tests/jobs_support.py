@@ -1,0 +1,31 @@
+"""Jobs through the API in end-to-end tests: submit one, and follow it as beat would."""
+
+import time
+
+from jobs.tasks import poll_cluster
+
+JOB = {
+    "tenant": "protein-lab", "scenario": "ai-training", "gpu_model": "h100-80gb", "gpus": 2, "walltime_minutes": 5,
+    "name": "hello", "script": "#!/bin/bash\necho gpus=$CUDA_VISIBLE_DEVICES\nsleep 1\n",
+}  # fmt: skip
+
+
+def api_submit(client, **fields) -> dict:
+    """POST /api/v1/jobs/ with JOB's fields, `fields` replacing them; the 201 answer."""
+    response = client.post("/api/v1/jobs/", JOB | fields, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def follow(client, job_id: str, cluster_id: int, until: set[str], timeout_s: float = 60) -> dict:
+    """Poll the cluster through the worker, as beat would, until the job reaches one of `until`."""
+    deadline = time.monotonic() + timeout_s
+    seen = []
+    while time.monotonic() < deadline:
+        poll_cluster.delay(cluster_id=cluster_id).get(timeout=60)
+        job = client.get(f"/api/v1/jobs/{job_id}/").json()
+        seen.append((job["state"], job["reason"]))
+        if job["state"] in until:
+            return job
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} never reached {until} in {timeout_s}s: {seen[-5:]}")
