@@ -3,8 +3,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 MO := locale/zh_Hans/LC_MESSAGES/django.mo
+NEWMAN := postman/node_modules/.installed
 
-.PHONY: run test lint format messages testbed-up testbed-down testbed-status schema clean
+.PHONY: run test contract bench lint format messages testbed-up testbed-down testbed-status schema clean
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -15,12 +16,23 @@ $(STAMP): pyproject.toml
 $(MO): locale/zh_Hans/LC_MESSAGES/django.po $(STAMP)
 	$(VENV)/bin/python manage.py compilemessages --ignore=$(VENV) --ignore=var -v0
 
+# newman, pinned by postman/package-lock.json, for the Postman contract tests.
+$(NEWMAN): postman/package-lock.json
+	npm ci --prefix postman --no-audit --no-fund --loglevel=error
+	touch $@
+
 run: $(STAMP) $(MO)
 	scripts/run
 
-test: $(STAMP) $(MO)
+# The suite, then the API contract (Postman through newman, then schemathesis) against the
+# production-shaped stack: gunicorn, Celery worker and beat on Redis, PostgreSQL, Slurm testbed.
+test: $(STAMP) $(MO) $(NEWMAN)
 	bash tests/testbed/testbed.sh up
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	scripts/contract
+
+contract: $(STAMP) $(MO) $(NEWMAN)
+	scripts/contract
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -47,4 +59,4 @@ testbed-status:
 	bash tests/testbed/testbed.sh status
 
 clean:
-	rm -rf $(VENV) var/static var/celery
+	rm -rf $(VENV) var/static var/celery postman/node_modules
