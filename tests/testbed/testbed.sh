@@ -6,7 +6,9 @@
 # (slurmd -N), each on its own port, spool dir, pid and log file (Debian's
 # Slurm is built with multiple-slurmd support), so that jobs can span 2 nodes.
 # srun wires MPI ranks through PMIx (MpiDefault=pmix); LAMMPS on Open MPI is
-# installed as the nodes' MPI program.
+# installed as the nodes' MPI program. slurmrestd (the REST peer that bench/peers.py measures the
+# portal against) listens on $REST_HOST:$REST_PORT as the unprivileged user "slurmrestd", taking
+# JWTs from "scontrol token" (AuthAltTypes=auth/jwt in slurm.conf and slurmdbd.conf).
 #
 #   testbed.sh up      install what is missing, start everything, wait until a
 #                      GPU job runs, write $STATE/testbed.env (idempotent; fast
@@ -53,9 +55,15 @@ WAIT_S=${TESTBED_WAIT_S:-60}
 OUTAGE_MAX_S=${TESTBED_OUTAGE_MAX_S:-120} # a fault test that died mid-outage leaves a stale marker
 # libpmix-dev: MpiDefault=pmix, and Debian's mpi/pmix plugin dlopens the unversioned libpmix.so that only
 # the -dev package ships. lammps (with Open MPI): the MPI program of the multi-node test (tests/test_multinode.py).
-PACKAGES=(munge slurm-wlm slurmdbd openssh-server libpmix-dev lammps)
+# slurm-wlm-jwt-plugin: auth/jwt, which Debian ships apart from slurmrestd's rest_auth/jwt.
+PACKAGES=(munge slurm-wlm slurmdbd openssh-server libpmix-dev lammps slurmrestd slurm-wlm-jwt-plugin)
 SLURMDS=("${NODES[@]/#/slurmd-}") # daemon names: slurmd-<node>
-DAEMONS=(munged slurmdbd slurmctld "${SLURMDS[@]}" sshd)
+DAEMONS=(munged slurmdbd slurmctld "${SLURMDS[@]}" slurmrestd sshd)
+REST_USER=slurmrestd # slurmrestd refuses root and SlurmUser (and their groups)
+REST_HOST=127.0.0.1
+REST_PORT=6830
+REST_API=v0.0.38 # the newest OpenAPI plugin of Slurm 22.05 (slurmrestd -s list)
+JWT_KEY=$SLURM_ETC/jwt_hs256.key
 
 log() { echo "[testbed] $*" >&2; }
 die() {
@@ -200,6 +208,8 @@ ensure_user_and_keys() {
 
     install -d -o "$PORTAL_USER" -g "$PORTAL_USER" -m 700 "$home/.ssh"
     install -o "$PORTAL_USER" -g "$PORTAL_USER" -m 600 "$KEY_FILE.pub" "$home/.ssh/authorized_keys"
+    id -u "$REST_USER" >/dev/null 2>&1 ||
+        useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$REST_USER"
 
     echo "[$SSH_HOST]:$SSH_PORT $(cut -d' ' -f1,2 "$HOST_KEY.pub")" >"$KNOWN_HOSTS"
     chmod 644 "$KNOWN_HOSTS"
@@ -338,6 +348,27 @@ start_slurmds() {
     fi
 }
 
+# an authenticated ping through slurmrestd to slurmctld, with a short-lived token of the portal user
+# (sent on stdin, not argv: tokens are secrets)
+rest_ok() {
+    local token
+    token=$(scontrol token username="$PORTAL_USER" lifespan=60 2>/dev/null) || return 1
+    printf 'X-SLURM-USER-NAME: %s\nX-SLURM-USER-TOKEN: %s\n' "$PORTAL_USER" "${token#SLURM_JWT=}" |
+        curl -fsS -o /dev/null --max-time 5 -H @- "http://$REST_HOST:$REST_PORT/slurm/$REST_API/ping"
+}
+
+start_slurmrestd() {
+    if ! daemon_pid slurmrestd >/dev/null; then
+        log "starting slurmrestd on $REST_HOST:$REST_PORT as $REST_USER"
+        # slurmrestd stays in the foreground: background it here; setsid and setpriv exec, so $! is its pid
+        SLURM_JWT=daemon setsid setpriv --reuid="$REST_USER" --regid="$REST_USER" --clear-groups \
+            /usr/sbin/slurmrestd -a rest_auth/jwt -s "openapi/$REST_API,openapi/db$REST_API" \
+            "$REST_HOST:$REST_PORT" </dev/null >>"$(logfile slurmrestd)" 2>&1 9>&- &
+        echo $! >"$(pidfile slurmrestd)"
+    fi
+    wait_for 20 rest_ok || fail_daemon slurmrestd "slurmrestd does not answer a JWT ping on $REST_HOST:$REST_PORT"
+}
+
 start_sshd() {
     daemon_pid sshd >/dev/null && return 0
     install -d -m 755 /run/sshd
@@ -392,6 +423,9 @@ SLURM_TESTBED_CLUSTER=$CLUSTER
 SLURM_TESTBED_ACCOUNT=$ACCOUNT
 SLURM_TESTBED_PARTITIONS=$PARTITIONS
 SLURM_TESTBED_NODES=${#NODES[@]}
+SLURMRESTD_URL=http://$REST_HOST:$REST_PORT
+SLURMRESTD_API=$REST_API
+SLURMRESTD_USER=$PORTAL_USER
 EOF
 }
 
@@ -423,6 +457,7 @@ stop_daemon() {
 
 stop_slurm() {
     local d
+    stop_daemon slurmrestd # it read slurm.conf at its start
     for d in "${SLURMDS[@]}" slurmd; do stop_daemon "$d"; done # slurmd: the one-node testbed's pid file
     stop_daemon slurmctld
     stop_daemon slurmdbd
@@ -458,6 +493,7 @@ cmd_up() {
     start_slurmdbd
     start_slurmctld
     start_slurmds
+    start_slurmrestd
     start_sshd
     ssh_portal true || { tail_log sshd; die "cannot log in as $PORTAL_USER over SSH on $SSH_HOST:$SSH_PORT"; }
     smoke_job
