@@ -1,0 +1,1 @@
+"""Benchmarks: each prints figures and asserts nothing about time (README, Benchmarks)."""

@@ -1,0 +1,479 @@
+"""Open-loop load on the portal's API, with slurmrestd and sbatch over SSH measured in the same
+run on the same machine, so that the ratios between them hold however noisy the machine is.
+
+    .venv/bin/python bench/load.py --url http://127.0.0.1:8765 --site var/bench/site.json \\
+        --stack-dir var/stack [--rate 100] [--duration 30] [--phases abcdef] [--json out.json]
+
+The site file is what `manage.py seed_site … --out` writes: the cluster, and users with their API
+tokens and tenants (each tenant with a scenario, GPU model and partition a submit can use).
+
+Open loop: each stream's arrivals are a Poisson process at --rate per second, and every request
+leaves at its scheduled time whatever the earlier ones did (--senders threads per stream). Latency
+runs from the scheduled time, so waiting for a free sender counts: a slow server shows in the
+tail instead of slowing the load (no coordinated omission). Per phase it prints how late the
+schedule loop handed requests over (P99 above 10 ms: the generator itself fell behind, and the
+figures are partly its own) and how long requests waited for a free sender (the server's backlog:
+every sender held by a request it has not answered).
+
+Phases; each pits the portal against its peer in the same phase, interleaved:
+  a  GET /api/v1/jobs/{id}/ vs slurmrestd GET /job/{id}, --rate each
+  b  POST /api/v1/jobs/ (the API's answer; Celery dispatches later) vs slurmrestd POST
+     /job/submit, --rate each
+  c  GET /api/v1/jobs/?tenant=…&state=…&page_size=50, --rate
+  d  every active job of the tenant with the most, through the pages (page_size=200), vs
+     slurmrestd GET /jobs (every job of the cluster, one answer), --repeat times each, alternating
+  e  the mix below at --rate
+  f  sbatch over the portal's SSH path in a loop for --sbatch-seconds: jobs/s
+Mix of phase e, in % of requests: list jobs (state filter, page of 50) 35, get a job 30, list
+quotas 10, me 10, submit 10, cancel a job the same user submitted earlier in the run 5 (its newest;
+409 conflict, the job ended meanwhile, is the contract's answer and counts as success).
+
+Every job this run submits is cancelled at the end (the peers' jobs never start: bench/peers.py).
+RSS of the gunicorn and Celery processes (pid files in --stack-dir) is sampled every
+--rss-interval seconds; a long --duration on phase e gives the "flat over 30 minutes" figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict, deque
+from concurrent.futures import ThreadPoolExecutor, wait
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import peers  # noqa: E402
+from bench.figures import Recorder, print_summary, print_table, targets  # noqa: E402
+from bench.rss import RssSampler, cpu_pressure  # noqa: E402
+
+SUBMIT_ROLES = {"owner", "manager", "member"}
+ACTIVE_STATES = ("QUEUED", "SUBMITTING", "PENDING", "RUNNING", "CANCELLING")
+LIST_FILTERS = (("QUEUED",), ("PENDING",), ("RUNNING",), ("COMPLETED",), ("PENDING", "RUNNING"))
+MIX = (("list_jobs", 35), ("get_job", 30), ("list_quotas", 10), ("me", 10), ("submit", 10), ("cancel", 5))
+SCRIPT = "#!/bin/bash\ntrue\n"
+WARM_CALLS = 50  # untimed calls of each kind before the first phase
+DRAIN_S = 60.0  # after a phase's last arrival, how long its requests may still take
+RNG = random.Random(1)  # noqa: S311  (seeded: the same picks run after run; nothing secret)
+
+
+class ApiError(RuntimeError):
+    def __init__(self, status: int, code: str) -> None:
+        super().__init__(f"HTTP {status} {code}".strip())
+
+
+class Portal:
+    """The portal's API over keep-alive HTTP (gunicorn's sync workers close after each answer)."""
+
+    def __init__(self, base_url: str) -> None:
+        self.http = peers.LoopbackHttp(base_url, timeout_s=60)
+
+    def call(self, method: str, path: str, token: str, body: dict | None = None, key: str = ""):
+        headers = {"Authorization": f"Token {token}", "Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if key:
+            headers["Idempotency-Key"] = key
+        status, raw = self.http.request(method, path, headers, data)
+        if status >= 400:
+            try:
+                code = json.loads(raw).get("code", "")
+            except (ValueError, AttributeError):
+                code = ""
+            raise ApiError(status, code)
+        return json.loads(raw) if raw else None
+
+
+# --------------------------------------------------------------- open loop --
+def run_open_loop(phase: str, streams: list[tuple[float, object]], duration_s: float, senders: int, rec):
+    """Send each stream's requests at Poisson arrival times for duration_s. A stream's pick()
+    runs in a sender thread and returns (endpoint, call); call() raises on failure. Each stream
+    has its own senders, so that a peer's requests never queue behind a saturated portal's."""
+    rng = random.Random(f"{phase}-{duration_s}")  # noqa: S311  (arrival times, not secrets)
+    plan = []
+    for index, (rate, _) in enumerate(streams):
+        t = rng.expovariate(rate)
+        while t < duration_s:
+            plan.append((t, index))
+            t += rng.expovariate(rate)
+    plan.sort()
+    pools = [
+        ThreadPoolExecutor(max_workers=senders, thread_name_prefix=f"{phase}{i}") for i in range(len(streams))
+    ]
+    start = time.monotonic() + 0.1
+    futures = []
+    for offset, index in plan:
+        delay = start + offset - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        rec.loop_late(phase, max(0.0, -delay))
+        futures.append(pools[index].submit(_send, phase, streams[index][1], start + offset, rec))
+    _, late = wait(futures, timeout=DRAIN_S)
+    for pool in pools:  # what has not even left by now never will: the next phase starts clean
+        pool.shutdown(wait=True, cancel_futures=True)
+    for _ in range(sum(1 for future in late if future.cancelled())):
+        rec.add(phase, "(never sent: the senders were all busy)", DRAIN_S, "never sent")
+
+
+def _send(phase: str, pick, due: float, rec: Recorder) -> None:
+    wait_s = time.monotonic() - due
+    endpoint, call = pick()
+    error = ""
+    try:
+        call()
+    except Exception as exc:  # every failure is a figure of the run, not a reason to stop it
+        error = str(exc)[:60] if isinstance(exc, ApiError) else type(exc).__name__
+    rec.add(phase, endpoint, time.monotonic() - due, error, wait_s)
+
+
+# ---------------------------------------------------------------- the site --
+class Site:
+    """Users, tenants and what the run learns: job ids to read, jobs to cancel later."""
+
+    def __init__(self, data: dict) -> None:
+        self.cluster = data["cluster"]
+        tenants = data.get("tenants") or {}
+        self.tenants = {t["slug"]: t for t in tenants} if isinstance(tenants, list) else dict(tenants)
+        self.users = [u for u in data["users"] if u.get("token") and u.get("tenants")]
+        if not self.users:
+            raise SystemExit("the site file names no user with a token and a tenant")
+        self.submitters = [
+            (u, t["slug"])
+            for u in self.users
+            for t in u["tenants"]
+            if t.get("role") in SUBMIT_ROLES and self._submit_fields(t["slug"])
+        ]
+        self.jobs: dict[str, list[str]] = defaultdict(list)  # tenant → job ids
+        self.own: dict[str, deque] = defaultdict(deque)  # username → ids it submitted (cancellable)
+        self.submitted: list[tuple[str, str]] = []  # (token, job id) of every portal job of the run
+        self.lock = threading.Lock()
+
+    def _submit_fields(self, slug: str) -> bool:
+        return all((self.tenants.get(slug) or {}).get(k) for k in ("scenario", "gpu_model"))
+
+    def member_of(self, slug: str) -> dict:
+        return next(u for u in self.users if any(t["slug"] == slug for t in u["tenants"]))
+
+    def body(self, slug: str) -> dict:
+        t = self.tenants[slug]
+        body = {"tenant": slug, "scenario": t["scenario"], "gpu_model": t["gpu_model"], "gpus": 1}
+        body |= {"cluster": self.cluster, "walltime_minutes": 5, "name": "loadbench", "script": SCRIPT}
+        if t.get("partition"):
+            body["partition"] = t["partition"]
+        return body
+
+
+class Load:
+    def __init__(self, args, site: Site) -> None:
+        self.args, self.site = args, site
+        self.api = Portal(args.url)
+        self.rec = Recorder()
+        self.env = peers.read_env_file(Path(args.testbed_env))
+        self.ssh_config = peers.ssh_config_from_env(self.env)
+        lifespan = int(args.duration * 8 + args.sbatch_seconds + 3600)
+        self.rest = peers.SlurmRestd.for_testbed(self.env, self.ssh_config, lifespan_s=lifespan)
+        self.sbatch = peers.SbatchOverSsh.for_testbed(self.env, self.ssh_config)
+        self.peer_ids: list[str] = []  # every peer job of the run, cancelled at the end
+        self.run_id = uuid.uuid4().hex[:8]  # in the peers' job names, for a sweep by name at the end
+        self.rest_name, self.ssh_name = f"lb-rest-{self.run_id}", f"lb-ssh-{self.run_id}"
+        self.rest_get_ids: list[str] = []
+        self.lock = threading.Lock()
+        self.results: dict = {"phases": {}, "config": {k: v for k, v in vars(args).items() if k != "site"}}
+
+    # ------------------------------------------------------------ requests --
+    def portal_get_job(self):
+        user = RNG.choice(self.site.users)
+        slugs = [t["slug"] for t in user["tenants"] if self.site.jobs.get(t["slug"])]
+        if not slugs:
+            return self.portal_me()
+        job_id = RNG.choice(self.site.jobs[RNG.choice(slugs)])
+        return "portal GET job", lambda: self.api.call("GET", f"/api/v1/jobs/{job_id}/", user["token"])
+
+    def portal_submit(self):
+        user, slug = RNG.choice(self.site.submitters)
+
+        def call():
+            job = self.api.call(
+                "POST", "/api/v1/jobs/", user["token"], self.site.body(slug), uuid.uuid4().hex
+            )
+            with self.site.lock:
+                self.site.jobs[slug].append(job["id"])
+                self.site.own[user["username"]].append(job["id"])
+                self.site.submitted.append((user["token"], job["id"]))
+
+        return "portal POST job", call
+
+    def portal_list(self):
+        user = RNG.choice(self.site.users)
+        slug = RNG.choice(user["tenants"])["slug"]
+        states = "".join(f"&state={s}" for s in RNG.choice(LIST_FILTERS))
+        path = f"/api/v1/jobs/?tenant={slug}{states}&page_size=50"
+        return "portal GET jobs (50, state)", lambda: self.api.call("GET", path, user["token"])
+
+    def portal_quotas(self):
+        user = RNG.choice(self.site.users)
+        slug = RNG.choice(user["tenants"])["slug"]
+        return "portal GET quotas", lambda: self.api.call(
+            "GET", f"/api/v1/quotas/?tenant={slug}", user["token"]
+        )
+
+    def portal_me(self):
+        user = RNG.choice(self.site.users)
+        return "portal GET me", lambda: self.api.call("GET", "/api/v1/me/", user["token"])
+
+    def portal_cancel(self):
+        with self.site.lock:
+            owners = [u for u in self.site.users if self.site.own.get(u["username"])]
+            if not owners:
+                return self.portal_get_job()
+            user = RNG.choice(owners)
+            job_id = self.site.own[user["username"]].pop()  # the newest: the likeliest still waiting
+
+        def call():
+            try:
+                self.api.call("POST", f"/api/v1/jobs/{job_id}/cancel/", user["token"])
+            except ApiError as exc:
+                if str(exc) != "HTTP 409 conflict":  # ended meanwhile: the contract's answer, not a failure
+                    raise
+
+        return "portal POST cancel", call
+
+    def rest_get_job(self):
+        job_id = RNG.choice(self.rest_get_ids)
+        return "slurmrestd GET job", lambda: self.rest.get_job(job_id)
+
+    def rest_submit(self):
+        def call():
+            try:
+                job_id = self.rest.submit(self.rest_name)
+            except peers.PeerError as exc:
+                if exc.job_id:  # created despite the error: cancelled at the end like the others
+                    with self.lock:
+                        self.peer_ids.append(exc.job_id)
+                raise
+            with self.lock:
+                self.peer_ids.append(job_id)
+                self.rest_get_ids.append(job_id)
+
+        return "slurmrestd POST submit", call
+
+    def mixed(self):
+        kinds = {
+            "list_jobs": self.portal_list,
+            "get_job": self.portal_get_job,
+            "list_quotas": self.portal_quotas,
+            "me": self.portal_me,
+            "submit": self.portal_submit,
+            "cancel": self.portal_cancel,
+        }
+        kind = RNG.choices([k for k, _ in MIX], weights=[w for _, w in MIX])[0]
+        return kinds[kind]()
+
+    # --------------------------------------------------------------- setup --
+    def check_headroom(self) -> None:
+        """Refuse to start when the run's peer jobs could fill slurmctld's job table (MaxJobCount;
+        ended jobs stay in it for MinJobAge): the testbed is shared, and a full table refuses
+        everyone's submissions with "Resource temporarily unavailable"."""
+        args = self.args
+        planned = (
+            20
+            + ("b" in args.phases) * args.rate * args.duration
+            + ("f" in args.phases) * 200 * args.sbatch_seconds
+        )
+        limit = int(peers.slurm_config(self.ssh_config).get("MaxJobCount", "10000"))
+        held = len(self.rest.list_jobs())
+        if held + planned > 0.9 * limit:
+            raise SystemExit(
+                f"slurmctld holds {held} job records of MaxJobCount {limit}; this run adds up to {planned:.0f}. "
+                "Wait for MinJobAge to purge ended jobs, or shorten --duration / --sbatch-seconds."
+            )
+
+    def setup(self) -> None:
+        """Learn job ids to read, give slurmrestd jobs to read, warm every path (untimed)."""
+        self.check_headroom()
+        for slug in sorted({t["slug"] for u in self.site.users for t in u["tenants"]}):
+            user = self.site.member_of(slug)
+            page = self.api.call("GET", f"/api/v1/jobs/?tenant={slug}&page_size=200", user["token"])
+            self.site.jobs[slug].extend(job["id"] for job in page["results"])
+        if not any(self.site.jobs.values()) and self.site.submitters:
+            for _ in range(10):
+                self.portal_submit()[1]()
+        for _ in range(20):
+            self.rest_submit()[1]()
+        for pick in (
+            self.portal_get_job,
+            self.portal_list,
+            self.portal_quotas,
+            self.portal_me,
+            self.rest_get_job,
+        ):
+            for _ in range(WARM_CALLS):  # every web worker imports and connects before the clock
+                pick()[1]()
+
+    # -------------------------------------------------------------- phases --
+    def phase(self, key: str, title: str, streams) -> None:
+        run_open_loop(key, streams, self.args.duration, self.args.senders, self.rec)
+        rows, lag, machine = self.rec.stats(key), self.rec.lag_stats(key), cpu_pressure()
+        print_table(f"{key}: {title}", rows, lag)
+        print(f"  {machine}")
+        self.results["phases"][key] = {"title": title, "endpoints": rows, "lag": lag, "machine": machine}
+
+    def phase_all_active(self) -> None:
+        """Time every active job of the busiest tenant through the pages against one slurmrestd
+        list of every job, alternating, --repeat times each."""
+        # untimed: which tenant has the most active jobs now (the run's own submits included)
+        counts = {slug: len(self._all_active(slug)) for slug in sorted(self.site.jobs)[:300]}
+        slug = max(counts, key=counts.get) if counts else None
+        if slug is None:
+            print("\n== d: no tenant with jobs; skipped")
+            return
+        pages = rest_jobs = None
+        for _ in range(self.args.repeat):
+            pages = self._timed(
+                "d", f"portal all active ({slug})", lambda: self._all_active(slug, pages=True)
+            )
+            rest_jobs = self._timed("d", "slurmrestd GET jobs (all)", lambda: len(self.rest.list_jobs()))
+        rows = self.rec.stats("d")
+        print_table(
+            f"d: every active job of {slug} ({counts[slug]} jobs, {pages} pages of 200) vs slurmrestd "
+            f"({rest_jobs} jobs, one answer)",
+            rows,
+        )
+        self.results["phases"]["d"] = {
+            "tenant": slug,
+            "portal_jobs": counts[slug],
+            "portal_pages": pages,
+            "slurmrestd_jobs": rest_jobs,
+            "endpoints": rows,
+        }
+
+    def _timed(self, phase: str, endpoint: str, call):
+        """call() timed once, closed loop (phase d measures elapsed time, not a rate)."""
+        started = time.monotonic()
+        try:
+            result = call()
+        except Exception as exc:  # a failure is a figure of the run
+            self.rec.add(phase, endpoint, time.monotonic() - started, type(exc).__name__)
+            return None
+        self.rec.add(phase, endpoint, time.monotonic() - started)
+        return result
+
+    def _all_active(self, slug: str, pages: bool = False):
+        user = self.site.member_of(slug)
+        path = f"/api/v1/jobs/?tenant={slug}{''.join(f'&state={s}' for s in ACTIVE_STATES)}&page_size=200"
+        ids, n = [], 0
+        while path and n < 10_000:  # bounded: 2 million jobs at most
+            page = self.api.call("GET", path, user["token"])
+            ids.extend(job["id"] for job in page["results"])
+            n += 1
+            nxt = page.get("next")
+            path = nxt[nxt.index("/api/") :] if nxt else None
+        return n if pages else ids
+
+    def phase_sbatch(self) -> None:
+        deadline = time.monotonic() + self.args.sbatch_seconds
+        started = time.monotonic()
+        count = 0
+        while time.monotonic() < deadline:
+            t = time.monotonic()
+            try:
+                self.peer_ids.append(self.sbatch.submit(self.ssh_name))
+                self.rec.add("f", "sbatch over SSH", time.monotonic() - t)
+            except Exception as exc:
+                self.rec.add("f", "sbatch over SSH", time.monotonic() - t, type(exc).__name__)
+            count += 1
+        rate = count / (time.monotonic() - started)
+        rows = self.rec.stats("f")
+        print_table(f"f: sbatch over SSH in a loop: {rate:.1f} jobs/s", rows)
+        self.results["phases"]["f"] = {"jobs_per_s": rate, "endpoints": rows}
+
+    def run(self, rss: RssSampler) -> None:
+        rate, phases = self.args.rate, self.args.phases
+        rss.start()
+        try:
+            self.setup()
+            if "a" in phases:
+                self.phase(
+                    "a",
+                    f"get a job, portal vs slurmrestd, {rate:g}/s each",
+                    [(rate, self.portal_get_job), (rate, self.rest_get_job)],
+                )
+            if "b" in phases:
+                self.phase(
+                    "b",
+                    f"submit, portal vs slurmrestd, {rate:g}/s each",
+                    [(rate, self.portal_submit), (rate, self.rest_submit)],
+                )
+            if "c" in phases:
+                self.phase(
+                    "c", f"a tenant's job list, page of 50, by state, {rate:g}/s", [(rate, self.portal_list)]
+                )
+            if "d" in phases:
+                self.phase_all_active()
+            if "e" in phases:
+                mix = ", ".join(f"{k} {w}%" for k, w in MIX)
+                self.phase("e", f"mixed load {rate:g}/s ({mix})", [(rate, self.mixed)])
+            if "f" in phases:
+                self.phase_sbatch()
+        finally:
+            rss.stop()
+            if not self.args.keep_jobs:
+                self.cleanup()
+        self.results["rss"] = rss.summary()
+        self.results["targets"] = targets(self.results)
+
+    def cleanup(self) -> None:
+        """Cancel the run's portal jobs (an ended one answers 409: fine) and its peer jobs."""
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            for token, job_id in self.site.submitted:
+                pool.submit(self._cancel_quietly, token, job_id)
+        if self.peer_ids:
+            self.sbatch.cancel(self.peer_ids)
+        for name in (self.rest_name, self.ssh_name):  # submissions that timed out here yet reached Slurm
+            self.sbatch.cancel_named(name)
+        print(
+            f"\ncancelled {len(self.site.submitted)} portal jobs and {len(self.peer_ids)} peer jobs of the run"
+        )
+
+    def _cancel_quietly(self, token: str, job_id: str) -> None:
+        with contextlib.suppress(ApiError):
+            self.api.call("POST", f"/api/v1/jobs/{job_id}/cancel/", token)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default=os.environ.get("SITE_URL", "http://127.0.0.1:8765"))
+    parser.add_argument("--site", default=str(ROOT / "var" / "bench" / "site.json"))
+    parser.add_argument("--stack-dir", default=os.environ.get("STACK_DIR", str(ROOT / "var" / "stack")))
+    parser.add_argument("--testbed-env", default=str(ROOT / "var" / "testbed" / "testbed.env"))
+    parser.add_argument("--rate", type=float, default=100.0, help="requests/s per stream")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds per open-loop phase")
+    parser.add_argument("--phases", default="abcdef")
+    parser.add_argument("--repeat", type=int, default=5, help="timed rounds of phase d")
+    parser.add_argument("--sbatch-seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--senders", type=int, default=200, help="sender threads (the most requests in flight)"
+    )
+    parser.add_argument("--rss-interval", type=float, default=5.0)
+    parser.add_argument("--keep-jobs", action="store_true", help="do not cancel the run's jobs at the end")
+    parser.add_argument("--json", help="also write every figure to this file")
+    args = parser.parse_args()
+    load = Load(args, Site(json.loads(Path(args.site).read_text())))
+    load.run(RssSampler(Path(args.stack_dir), args.rss_interval))
+    print_summary(load.results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(load.results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
