@@ -34,6 +34,10 @@ test: $(STAMP) $(MO) $(NEWMAN)
 contract: $(STAMP) $(MO) $(NEWMAN)
 	scripts/contract
 
+# Every figure of docs/performance.md, printed (about 25 minutes; BENCH_ONLY picks steps).
+bench: $(STAMP) $(MO)
+	scripts/bench
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
