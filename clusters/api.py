@@ -8,10 +8,12 @@ from clusters import advisor, selectors
 from clusters.models import Scenario
 from clusters.serializers import ADVICE_IN, AdviceOut, ClusterOut, GpuModelOut, ScenarioOut
 from portal.core.pagination import CursorPage
+from portal.core.serializers import SLUG_LOOKUP
 
 
 class BySlug(CursorPage):
     ordering = "slug"
+    position_pattern = SLUG_LOOKUP
 
 
 class GpuModelViewSet(viewsets.ReadOnlyModelViewSet):
@@ -20,6 +22,7 @@ class GpuModelViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = GpuModelOut
     pagination_class = BySlug
     lookup_field = "slug"
+    lookup_value_regex = SLUG_LOOKUP
 
     def get_queryset(self):
         return selectors.gpu_model_list()
@@ -38,6 +41,8 @@ class ScenarioViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = ScenarioOut
     pagination_class = BySlug
     lookup_field = "slug"
+    lookup_value_regex = SLUG_LOOKUP
+    schema_conflicts = False  # advise/ only computes
 
     def get_queryset(self):
         return selectors.scenario_list()
@@ -62,7 +67,7 @@ class ScenarioViewSet(viewsets.ReadOnlyModelViewSet):
         if form_class is None:
             # 404, not 400: no body could make this request valid; the advice does not exist.
             raise NotFound(f"Scenario {scenario.slug!r} has no sizing advisor.")
-        form = form_class(data=request.data)
+        form = form_class(data=request.data, context={"request": request})
         form.is_valid(raise_exception=True)
         gpus = [entry.gpu_model for entry in scenario.ranking.all()]
         advice = advisor.advise(advisor=scenario.advisor, job=form.job(), gpus=gpus)
@@ -75,6 +80,7 @@ class ClusterViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = ClusterOut
     pagination_class = BySlug
     lookup_field = "slug"
+    lookup_value_regex = SLUG_LOOKUP
 
     def get_queryset(self):
         return selectors.cluster_list()

@@ -2,6 +2,7 @@ from rest_framework import serializers
 
 from clusters import advisor
 from clusters.models import Cluster, GpuModel, Partition, Scenario, ScenarioGpu
+from portal.core.serializers import StrictFloatField, StrictIntegerField
 
 
 class GpuModelOut(serializers.ModelSerializer):
@@ -73,22 +74,9 @@ class ClusterOut(serializers.ModelSerializer):
 # --- Advisor inputs: one serializer per advisor, each building that advisor's job. -----------
 
 
-class Number(serializers.FloatField):
-    """A float that refuses booleans: JSON `true` would otherwise be read as 1.0."""
-
-    def to_internal_value(self, data):
-        if isinstance(data, bool):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class Count(serializers.IntegerField):
-    """An integer that refuses booleans, as Number does."""
-
-    def to_internal_value(self, data):
-        if isinstance(data, bool):
-            self.fail("invalid")
-        return super().to_internal_value(data)
+# A number, and a count: JSON numbers only (not `true`, not "5").
+Number = StrictFloatField
+Count = StrictIntegerField
 
 
 class _AdviceIn(serializers.Serializer):

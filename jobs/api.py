@@ -1,7 +1,7 @@
 """Jobs, their events and logs, templates and usage (API.md, Jobs)."""
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
@@ -27,6 +27,7 @@ from jobs.serializers import (
 )
 from portal.core.errors import Forbidden
 from portal.core.parsing import parsed
+from portal.core.serializers import ID_LOOKUP
 from tenants import roles
 from tenants.permissions import require
 
@@ -37,6 +38,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     queryset = Job.objects.none()
     serializer_class = JobOut
     filterset_class = JobFilter
+    lookup_value_regex = ID_LOOKUP
 
     def get_queryset(self):
         return jobs_visible_to(user=self.request.user)
@@ -52,7 +54,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @extend_schema(
         request=JobIn,
         responses={201: JobOut, 200: JobOut},
-        parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER)],
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                {"type": "string", "maxLength": IDEMPOTENCY_KEY_MAX},
+                OpenApiParameter.HEADER,
+            )
+        ],
     )
     def create(self, request):
         """Submit a job. A repeat with the same Idempotency-Key answers 200 with the first job."""
@@ -80,13 +88,20 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return Response(JobOut(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses=JobEventOut(many=True))
-    @action(detail=True, methods=["get"], pagination_class=None)
+    # No filter_backends on these two: the job list's filters are not theirs to take.
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
     def events(self, request, pk=None):
         job = self.get_object()
         return Response(JobEventOut(job.events.all(), many=True).data)
 
-    @extend_schema(parameters=[LogIn], responses=LogOut)
-    @action(detail=True, methods=["get"])
+    @extend_schema(
+        parameters=[LogIn],
+        responses={
+            200: LogOut,
+            503: OpenApiResponse(description="`unavailable`: the cluster cannot be read from now."),
+        },
+    )
+    @action(detail=True, methods=["get"], filter_backends=[])
     def log(self, request, pk=None):
         """The last `tail` lines (≤ 5000) of the job's output."""
         job = self.get_object()
@@ -110,7 +125,7 @@ class TemplateList(APIView):
                 "parameters_schema": t.parameters_schema,
             }
             for t in TEMPLATES.values()
-            if t.scenario == request.query_params.get("scenario", t.scenario)
+            if t.scenario == (request.query_params.get("scenario") or t.scenario)  # empty: all
         ]
         return Response({"next": None, "previous": None, "results": TemplateOut(rows, many=True).data})
 

@@ -1,6 +1,22 @@
+from datetime import UTC, datetime
+
 import django_filters
 
 from jobs.models import Job, JobState
+
+
+class UtcDateTimeFilter(django_filters.IsoDateTimeFilter):
+    """An ISO 8601 time with any offset that RFC 3339 allows (up to ±23:59), compared in UTC:
+    PostgreSQL refuses an offset beyond ±15:59 with an error, which would be a 500."""
+
+    def filter(self, qs, value):
+        if value is not None:
+            try:
+                value = value.astimezone(UTC)
+            except OverflowError:  # before year 1 or after 9999 once in UTC: the ends of time
+                value = datetime.min if value.year == 1 else datetime.max
+                value = value.replace(tzinfo=UTC)
+        return super().filter(qs, value)
 
 
 class JobFilter(django_filters.FilterSet):
@@ -11,8 +27,8 @@ class JobFilter(django_filters.FilterSet):
     scenario = django_filters.CharFilter(field_name="scenario__slug")
     cluster = django_filters.CharFilter(field_name="cluster__slug")
     submitted_by = django_filters.CharFilter(field_name="submitted_by__username")
-    created_after = django_filters.IsoDateTimeFilter(field_name="created", lookup_expr="gte")
-    created_before = django_filters.IsoDateTimeFilter(field_name="created", lookup_expr="lt")
+    created_after = UtcDateTimeFilter(field_name="created", lookup_expr="gte")
+    created_before = UtcDateTimeFilter(field_name="created", lookup_expr="lt")
 
     class Meta:
         model = Job

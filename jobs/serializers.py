@@ -1,46 +1,66 @@
 from datetime import timedelta
 
+from django.conf import settings
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from clusters.models import Cluster, GpuModel, Scenario
 from jobs.models import Job, JobEvent, Priority, job_name_validator
+from jobs.services.submit import MAX_ENV
+from portal.core.serializers import NO_NUL, SlugRef, StrictCharField, StrictIntegerField
 from tenants.serializers import VisibleTenantField
 
 MAX_GPUS = 4096
 MAX_NODES = 512
 
 
-class StrictCharField(serializers.CharField):
-    """A string, and only a string: DRF would turn 5 or true into "5" or "True" silently."""
-
-    def to_internal_value(self, data):
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
+@extend_schema_field(
+    {
+        "type": "object",
+        "maxProperties": MAX_ENV,
+        "additionalProperties": {"type": "string", "maxLength": 4096, "pattern": NO_NUL},
+        "description": "Variable names: a letter or _, then letters, digits, _; not the scheduler's own.",
+    }
+)
+class EnvField(serializers.DictField):
+    def __init__(self, **kwargs):
+        super().__init__(
+            child=StrictCharField(max_length=4096, allow_blank=True, trim_whitespace=False), **kwargs
+        )
 
 
 class JobIn(serializers.Serializer):
     tenant = VisibleTenantField()
-    scenario = serializers.SlugRelatedField(slug_field="slug", queryset=Scenario.objects.all())
-    gpu_model = serializers.SlugRelatedField(slug_field="slug", queryset=GpuModel.objects.all())
-    gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS)
-    nodes = serializers.IntegerField(min_value=1, max_value=MAX_NODES, default=1)
-    walltime_minutes = serializers.IntegerField(min_value=1, max_value=365 * 24 * 60)
-    name = serializers.CharField(max_length=64, validators=[job_name_validator])
+    scenario = SlugRef(queryset=Scenario.objects.all())
+    gpu_model = SlugRef(queryset=GpuModel.objects.all())
+    gpus = StrictIntegerField(min_value=1, max_value=MAX_GPUS)
+    nodes = StrictIntegerField(min_value=1, max_value=MAX_NODES, default=1)
+    walltime_minutes = StrictIntegerField(min_value=1)  # at most the site's cap: get_fields()
+    name = StrictCharField(max_length=64, validators=[job_name_validator])
     priority = serializers.ChoiceField(
         choices=Priority.choices, default="", help_text="Default: normal, or the tenant's tier cap if lower."
     )
-    env = serializers.DictField(
-        child=StrictCharField(max_length=4096, allow_blank=True, trim_whitespace=False), default=dict
+    env = EnvField(default=dict)
+    script = StrictCharField(
+        required=False,
+        default="",
+        trim_whitespace=False,
+        max_length=65536,
+        help_text="Starts with #!; at most 64 KiB in UTF-8. Give a script, or a template with parameters.",
     )
-    script = serializers.CharField(required=False, default="", trim_whitespace=False, max_length=65536)
-    template = serializers.CharField(required=False, default="", max_length=64)
+    template = StrictCharField(required=False, default="", max_length=64)
     parameters = serializers.DictField(required=False, default=dict)
-    cluster = serializers.SlugRelatedField(
-        slug_field="slug", queryset=Cluster.objects.filter(enabled=True), required=False, default=None
-    )
-    partition = serializers.CharField(required=False, default="", max_length=64)
+    cluster = SlugRef(queryset=Cluster.objects.filter(enabled=True), required=False, default=None)
+    partition = StrictCharField(required=False, default="", max_length=64)
+
+    def get_fields(self):
+        # The site's walltime cap, as it is now (a setting), in the validation and the schema.
+        fields = super().get_fields()
+        fields["walltime_minutes"] = StrictIntegerField(
+            min_value=1, max_value=settings.JOB_MAX_WALLTIME_MINUTES
+        )
+        return fields
 
 
 class JobOut(serializers.ModelSerializer):
@@ -50,7 +70,7 @@ class JobOut(serializers.ModelSerializer):
     gpu_model = serializers.CharField(source="gpu_model.slug")
     cluster = serializers.CharField(source="cluster.slug")
     partition = serializers.CharField(source="partition.name")
-    submitted_by = serializers.CharField(source="submitted_by.username", default=None)
+    submitted_by = serializers.CharField(source="submitted_by.username", default=None, allow_null=True)
     gpu_hours = serializers.DecimalField(
         max_digits=12, decimal_places=4, coerce_to_string=False, allow_null=True
     )
@@ -85,9 +105,16 @@ class JobOut(serializers.ModelSerializer):
         ]
 
 
+DETAIL_FIELDS = ["raw_state", "node_list", "template", "parameters", "env", "script"]
+
+
 class JobDetailOut(JobOut):
+    """A job; the fields beyond JobOut's only for its submitter and the tenant's owners and managers
+    (GET /jobs/{id}/ answers JobOut to the others), hence optional in the schema."""
+
     class Meta(JobOut.Meta):
-        fields = [*JobOut.Meta.fields, "raw_state", "node_list", "template", "parameters", "env", "script"]
+        fields = [*JobOut.Meta.fields, *DETAIL_FIELDS]
+        extra_kwargs = {name: {"required": False} for name in DETAIL_FIELDS}
 
 
 class JobEventOut(serializers.ModelSerializer):
@@ -119,15 +146,20 @@ class TemplatePageOut(serializers.Serializer):
     results = TemplateOut(many=True)
 
 
+@extend_schema_field({"type": "string", "format": "date", "pattern": r"^2[0-9]{3}-"})
+class UsageDateField(serializers.DateField):
+    """A date in the years 2000 to 2999 (UsageIn.validate)."""
+
+
 class UsageIn(serializers.Serializer):
     """Query parameters tenant, from, to (dates; default the last 30 days) and group_by."""
 
     def get_fields(self):
         # `from` is a Python keyword, so the fields are declared here rather than as attributes.
         return {
-            "tenant": serializers.CharField(required=False, default=""),
-            "from": serializers.DateField(required=False, default=None),
-            "to": serializers.DateField(required=False, default=None),
+            "tenant": StrictCharField(required=False, default=""),
+            "from": UsageDateField(required=False, default=None),
+            "to": UsageDateField(required=False, default=None),
             "group_by": serializers.ChoiceField(choices=["day", "user", "gpu_model"], default="day"),
         }
 

@@ -1,8 +1,9 @@
 """Tenants, members, quota requests, grants and the audit log (API.md). Views parse, check the
 caller's role through tenant_perms(), and call one selector or service."""
 
+from django.http import Http404
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -10,6 +11,7 @@ from rest_framework.views import APIView
 
 from portal.core.models import AuditEvent
 from portal.core.parsing import parsed
+from portal.core.serializers import ID_LOOKUP, SLUG_LOOKUP, SLUG_PATTERN, USERNAME_PATTERN, is_username
 from tenants import roles, services
 from tenants.filters import AuditFilter, QuotaFilter, QuotaRequestFilter
 from tenants.models import Membership, QuotaGrant, QuotaRequest, Role, Tenant
@@ -58,6 +60,7 @@ class TenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     serializer_class = TenantOut
     queryset = Tenant.objects.none()
     lookup_field = "slug"
+    lookup_value_regex = SLUG_LOOKUP
 
     def get_queryset(self):
         return tenants_visible_to(user=self.request.user)
@@ -81,6 +84,16 @@ class TenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
         return Response(TenantOut(tenant).data)
 
 
+TENANT_SLUG = OpenApiParameter("tenant_slug", str, OpenApiParameter.PATH, pattern=SLUG_PATTERN)
+USERNAME = OpenApiParameter("username", str, OpenApiParameter.PATH, pattern=USERNAME_PATTERN)
+
+
+@extend_schema_view(
+    list=extend_schema(parameters=[TENANT_SLUG]),
+    create=extend_schema(parameters=[TENANT_SLUG]),
+    partial_update=extend_schema(parameters=[TENANT_SLUG, USERNAME]),
+    destroy=extend_schema(parameters=[TENANT_SLUG, USERNAME]),
+)
 class MemberViewSet(viewsets.GenericViewSet):
     """Members of one tenant. Managers manage members; only owners make or unmake owners."""
 
@@ -97,6 +110,13 @@ class MemberViewSet(viewsets.GenericViewSet):
 
     def get_queryset(self):
         return members_of(tenant=self.tenant())
+
+    def member(self, username: str) -> Membership:
+        # The URL takes any text here; one that is no username is no member, and is not sent to
+        # PostgreSQL, which refuses a NUL byte with an error.
+        if not is_username(username):
+            raise Http404("No such member.")
+        return get_object_or_404(self.get_queryset(), user__username=username)
 
     def _require_manage(self, *touched_roles: str) -> None:
         tenant = self.tenant()
@@ -119,7 +139,7 @@ class MemberViewSet(viewsets.GenericViewSet):
 
     @extend_schema(request=MemberPatch, responses=MemberOut)
     def partial_update(self, request, tenant_slug=None, username=None):
-        membership = get_object_or_404(self.get_queryset(), user__username=username)
+        membership = self.member(username)
         data = parsed(MemberPatch, request)
         self._require_manage(membership.role, data["role"])
         membership = services.membership_change_role(
@@ -129,7 +149,7 @@ class MemberViewSet(viewsets.GenericViewSet):
 
     @extend_schema(responses={204: None})
     def destroy(self, request, tenant_slug=None, username=None):
-        membership = get_object_or_404(self.get_queryset(), user__username=username)
+        membership = self.member(username)
         if membership.user_id != request.user.id:  # anyone may leave; removing others takes the role
             self._require_manage(membership.role)
         services.membership_remove(actor=request.user, membership=membership)
@@ -140,6 +160,7 @@ class QuotaRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
     serializer_class = QuotaRequestOut
     queryset = QuotaRequest.objects.none()
     filterset_class = QuotaRequestFilter
+    lookup_value_regex = ID_LOOKUP
 
     def get_queryset(self):
         return quota_requests_visible_to(user=self.request.user)
@@ -182,6 +203,7 @@ class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     serializer_class = QuotaOut
     queryset = QuotaGrant.objects.none()
     filterset_class = QuotaFilter
+    lookup_value_regex = ID_LOOKUP
 
     def get_queryset(self):
         return grants_visible_to(user=self.request.user)

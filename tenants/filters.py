@@ -1,4 +1,5 @@
 import django_filters
+from django import forms
 from django.utils import timezone
 
 from portal.core.models import AuditEvent
@@ -14,9 +15,27 @@ class QuotaRequestFilter(django_filters.FilterSet):
         fields = ["tenant", "state"]
 
 
+class _TrueOrFalse(forms.Field):
+    """`true` or `false` (the schema's boolean), or nothing. Django's NullBooleanField reads
+    anything else as nothing, so that a typo would silently list every grant."""
+
+    widget = forms.TextInput  # the raw text: NullBooleanSelect has already mapped junk to None
+
+    def to_python(self, value):
+        if value in (None, ""):
+            return None
+        if value not in ("true", "false"):
+            raise forms.ValidationError("Must be true or false.", code="invalid")
+        return value == "true"
+
+
+class StrictBooleanFilter(django_filters.BooleanFilter):
+    field_class = _TrueOrFalse
+
+
 class QuotaFilter(django_filters.FilterSet):
     tenant = django_filters.CharFilter(field_name="tenant__slug")
-    active = django_filters.BooleanFilter(method="filter_active")
+    active = StrictBooleanFilter(method="filter_active")
 
     class Meta:
         model = QuotaGrant

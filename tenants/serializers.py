@@ -1,12 +1,20 @@
 from decimal import Decimal
 
 from django.contrib.auth import get_user_model
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from clusters.models import GpuModel, Scenario
 from portal.core.models import AuditEvent
+from portal.core.serializers import (
+    SLUG_PATTERN,
+    SlugRef,
+    StrictCharField,
+    StrictDecimalField,
+    StrictEmailField,
+    StrictIntegerField,
+    UsernameRef,
+)
 from portal.core.validators import reserved_slug_validator, slug_validator
 from tenants.models import Membership, QuotaGrant, QuotaRequest, Role, Tenant, TenantState, Tier
 from tenants.selectors import tenants_visible_to
@@ -23,7 +31,7 @@ class MeTenantOut(serializers.Serializer):
 
 class MeOut(serializers.Serializer):
     username = serializers.CharField()
-    email = serializers.EmailField()
+    email = serializers.EmailField(allow_blank=True)  # Django's users may have none
     is_staff = serializers.BooleanField()
     tenants = MeTenantOut(many=True)
 
@@ -34,19 +42,26 @@ class TenantOut(serializers.ModelSerializer):
         fields = ["slug", "name", "tier", "state", "contact_email", "created"]
 
 
+# The slug rule with the names the schedulers keep for themselves left out (validators.py).
+TENANT_SLUG_PATTERN = r"^(?!(?:default|root)$|kube-)" + SLUG_PATTERN.removeprefix("^")
+
+
+@extend_schema_field({"type": "string", "pattern": TENANT_SLUG_PATTERN, "maxLength": 63})
+class TenantSlugField(StrictCharField):
+    pass
+
+
 class TenantIn(serializers.Serializer):
-    slug = serializers.CharField(max_length=63, validators=[slug_validator, reserved_slug_validator])
-    name = serializers.CharField(max_length=200)
+    slug = TenantSlugField(max_length=63, validators=[slug_validator, reserved_slug_validator])
+    name = StrictCharField(max_length=200)
     tier = serializers.ChoiceField(choices=Tier.choices, default=Tier.NORMAL)
-    contact_email = serializers.EmailField(max_length=254, required=False, allow_blank=True, default="")
-    owner = serializers.SlugRelatedField(
-        slug_field="username", queryset=get_user_model().objects.filter(is_active=True), required=False
-    )
+    contact_email = StrictEmailField(max_length=254, required=False, allow_blank=True, default="")
+    owner = UsernameRef(queryset=get_user_model().objects.filter(is_active=True), required=False)
 
 
 class TenantPatch(serializers.Serializer):
-    name = serializers.CharField(max_length=200, required=False)
-    contact_email = serializers.EmailField(max_length=254, required=False, allow_blank=True)
+    name = StrictCharField(max_length=200, required=False)
+    contact_email = StrictEmailField(max_length=254, required=False, allow_blank=True)
     tier = serializers.ChoiceField(choices=Tier.choices, required=False)
     state = serializers.ChoiceField(choices=TenantState.choices, required=False)
 
@@ -60,9 +75,7 @@ class MemberOut(serializers.ModelSerializer):
 
 
 class MemberIn(serializers.Serializer):
-    username = serializers.SlugRelatedField(
-        slug_field="username", queryset=get_user_model().objects.filter(is_active=True)
-    )
+    username = UsernameRef(queryset=get_user_model().objects.filter(is_active=True))
     role = serializers.ChoiceField(choices=Role.choices)
 
 
@@ -70,13 +83,9 @@ class MemberPatch(serializers.Serializer):
     role = serializers.ChoiceField(choices=Role.choices)
 
 
-@extend_schema_field(OpenApiTypes.STR)
-class VisibleTenantField(serializers.SlugRelatedField):
+class VisibleTenantField(SlugRef):
     """A tenant slug among those the caller may see: another tenant's slug reads as unknown,
     exactly like one that does not exist."""
-
-    def __init__(self, **kwargs):
-        super().__init__(slug_field="slug", **kwargs)
 
     def get_queryset(self):
         return tenants_visible_to(user=self.context["request"].user)
@@ -84,15 +93,15 @@ class VisibleTenantField(serializers.SlugRelatedField):
 
 class QuotaRequestIn(serializers.Serializer):
     tenant = VisibleTenantField()
-    scenario = serializers.SlugRelatedField(slug_field="slug", queryset=Scenario.objects.all())
-    gpu_model = serializers.SlugRelatedField(slug_field="slug", queryset=GpuModel.objects.all())
-    gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS)
-    gpu_hours = serializers.DecimalField(
+    scenario = SlugRef(queryset=Scenario.objects.all())
+    gpu_model = SlugRef(queryset=GpuModel.objects.all())
+    gpus = StrictIntegerField(min_value=1, max_value=MAX_GPUS)
+    gpu_hours = StrictDecimalField(
         max_digits=12, decimal_places=2, min_value=Decimal("0.01"), max_value=MAX_GPU_HOURS
     )
     starts_on = serializers.DateField()
     ends_on = serializers.DateField()
-    justification = serializers.CharField(max_length=5000)
+    justification = StrictCharField(max_length=5000)
 
 
 class QuotaRequestOut(serializers.ModelSerializer):
@@ -101,9 +110,10 @@ class QuotaRequestOut(serializers.ModelSerializer):
     scenario = serializers.CharField(source="scenario.slug")
     gpu_model = serializers.CharField(source="gpu_model.slug")
     gpu_hours = serializers.DecimalField(max_digits=12, decimal_places=2, coerce_to_string=False)
-    requested_by = serializers.CharField(source="requested_by.username", default=None)
-    decided_by = serializers.CharField(source="decided_by.username", default=None)
-    grant = serializers.CharField(source="grant_id", default=None)
+    # null once the user is deleted, or while undecided; grant: null unless approved.
+    requested_by = serializers.CharField(source="requested_by.username", default=None, allow_null=True)
+    decided_by = serializers.CharField(source="decided_by.username", default=None, allow_null=True)
+    grant = serializers.CharField(source="grant_id", default=None, allow_null=True)
 
     class Meta:
         model = QuotaRequest
@@ -115,12 +125,12 @@ class QuotaRequestOut(serializers.ModelSerializer):
 
 
 class DecisionIn(serializers.Serializer):
-    note = serializers.CharField(max_length=5000)
+    note = StrictCharField(max_length=5000)
 
 
 class ApprovalIn(DecisionIn):
-    gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS, required=False)
-    gpu_hours = serializers.DecimalField(
+    gpus = StrictIntegerField(min_value=1, max_value=MAX_GPUS, required=False)
+    gpu_hours = StrictDecimalField(
         max_digits=12, decimal_places=2, min_value=Decimal("0.01"), max_value=MAX_GPU_HOURS, required=False
     )
     ends_on = serializers.DateField(required=False)

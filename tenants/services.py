@@ -9,7 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from clusters.models import GpuModel, Scenario, ScenarioGpu
-from portal.core.errors import Conflict, Invalid
+from portal.core.errors import Conflict, Invalid, NotFound
 from portal.core.services import audit_record
 from tenants.errors import LastOwner, QuotaExhausted, TenantSuspended
 from tenants.mail import mail_on_commit
@@ -129,10 +129,21 @@ def membership_add(
     return membership
 
 
+def _member_for_update(membership: Membership) -> Membership:
+    # After the owner locks: the row as it is now. A request that removed the member meanwhile
+    # makes this one a 404, where saving the stale row would fail (no row updated) with a 500.
+    current = Membership.objects.select_for_update().filter(pk=membership.pk).first()
+    if current is None:
+        raise NotFound(f"{membership.user.get_username()} is no longer a member of {membership.tenant.slug}.")
+    membership.role = current.role
+    return membership
+
+
 @transaction.atomic
 def membership_change_role(*, actor: AbstractBaseUser, membership: Membership, role: Role) -> Membership:
     """A new role for a member; the tenant keeps at least one owner."""
     owners = _owners_for_update(membership.tenant)
+    membership = _member_for_update(membership)
     if membership.role == Role.OWNER and role != Role.OWNER and owners == [membership.id]:
         raise LastOwner(f"{membership.user.get_username()} is the last owner of {membership.tenant.slug}.")
     old = membership.role
@@ -153,6 +164,7 @@ def membership_change_role(*, actor: AbstractBaseUser, membership: Membership, r
 def membership_remove(*, actor: AbstractBaseUser, membership: Membership) -> None:
     """The member leaves, with every permission on the tenant; never its last owner."""
     owners = _owners_for_update(membership.tenant)
+    membership = _member_for_update(membership)
     if owners == [membership.id]:
         raise LastOwner(f"{membership.user.get_username()} is the last owner of {membership.tenant.slug}.")
     TenantUserPermission.objects.filter(user=membership.user, content_object=membership.tenant).delete()

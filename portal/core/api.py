@@ -8,7 +8,7 @@ from rest_framework.views import APIView
 
 from portal.core.models import ApiToken
 from portal.core.selectors import tokens_of
-from portal.core.serializers import TokenCreatedOut, TokenIn, TokenOut
+from portal.core.serializers import ID_LOOKUP, TokenCreatedOut, TokenIn, TokenOut
 from portal.core.services import token_create, token_revoke
 from portal.core.throttles import TokenCreateThrottle
 
@@ -19,6 +19,7 @@ class TokenCreate(APIView):
     authentication_classes: list = []
     permission_classes = [AllowAny]
     throttle_classes = [TokenCreateThrottle]
+    schema_conflicts = False
 
     @extend_schema(request=TokenIn, responses={201: TokenCreatedOut})
     def post(self, request):
@@ -40,6 +41,8 @@ class TokenViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.Gen
 
     serializer_class = TokenOut
     queryset = ApiToken.objects.none()  # for the schema; requests use get_queryset
+    lookup_value_regex = ID_LOOKUP
+    schema_conflicts = False
 
     def get_queryset(self):
         return tokens_of(user=self.request.user)

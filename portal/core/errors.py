@@ -33,6 +33,8 @@ TITLES = {
     "unavailable": "Service unavailable",
     "server_error": "Server error",
 }
+# Every `code` an error body may carry (API.md, Conventions), for the schema's enum.
+PROBLEM_CODES = tuple(TITLES)
 
 _CODE_BY_STATUS = {
     400: "invalid",
@@ -69,6 +71,13 @@ class Forbidden(PortalError):
 
     status = status.HTTP_403_FORBIDDEN
     code = "permission_denied"
+
+
+class NotFound(PortalError):
+    """The object went away while the request was being served (another request removed it)."""
+
+    status = status.HTTP_404_NOT_FOUND
+    code = "not_found"
 
 
 class Invalid(PortalError):
@@ -156,8 +165,9 @@ def problem_exception_handler(exc: Exception, context: dict) -> Response:
         body = _validation_problem(exc)
     else:
         code = _CODE_BY_STATUS.get(response.status_code, "server_error")
-        detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
-        body = problem(response.status_code, code, str(detail))
+        detail = str(exc.detail if isinstance(exc, exceptions.APIException) else exc)
+        # A bare Http404 (DRF raises one for a lookup value the field cannot hold) has no text.
+        body = problem(response.status_code, code, detail or TITLES[code] + ".")
         if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
             body["retry_after_s"] = int(exc.wait) + 1
     response.data = body

@@ -1,0 +1,257 @@
+"""Schemathesis hooks for scripts/fuzz: positive test cases that the API would accept.
+
+A positive case is one the schema allows, and the positive_data_acceptance check expects the API
+to accept it (2xx, or 401/403/404/409/429). The schema cannot state every rule of the domain: a
+slug must name an object that exists, a job must fit the partition it asks for, `to` may not be
+more than 366 days after `from`, an approval may lower the requested figures but not raise them,
+and a password must be right. A random positive case breaks such a rule almost always and is
+refused with a 400 that is the API's correct answer, not a finding.
+
+So each positive case of those operations is completed here with what the stack really holds
+(read over the API with the run's token, right before the case is sent): existing slugs, a
+partition and a job shape that fits it, a date range within bounds, the run's own login. The
+generated values are kept wherever a rule allows them. Negative cases are left alone, and every
+check runs on every case as it is sent; nothing here looks at a response.
+
+Environment (scripts/fuzz sets it): FUZZ_BASE_URL, FUZZ_TOKEN (the run's API token), FUZZ_USER
+and FUZZ_LOGINS (its password, for POST /auth/token/).
+"""
+
+import itertools
+import json
+import os
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+import zlib
+from datetime import date, timedelta
+
+import schemathesis
+
+API = os.environ.get("FUZZ_BASE_URL", "http://127.0.0.1:8765").rstrip("/") + "/api/v1"
+TIMEOUT_S = 30
+THROTTLE_RETRIES = 3
+MAX_WAIT_S = 65
+USAGE_MAX_DAYS = 366
+# jobs/services/submit.py MAX_PRIORITY: the highest priority a tenant's tier allows.
+TIER_CAP = {"low": "low", "normal": "normal", "high": "high", "critical": "high"}
+PRIORITIES = ["low", "normal", "high"]
+# A tenant the fuzzer creates has this prefix and a serial (a slug is unique: a repeat is a 400);
+# scripts/fuzz leaves such tenants out when it restores the others.
+FUZZ_TENANT_PREFIX = "fuzz-"
+# What a positive job runs: nothing, at once (the jobs reach the real clusters).
+JOB_SCRIPT = "#!/bin/sh\n# schemathesis\nexit 0\n"
+
+_lock = threading.Lock()
+_refs: dict = {}
+_serial = itertools.count(1)
+_OURS = re.compile(rf"^{FUZZ_TENANT_PREFIX}[0-9]+x[0-9]+-")
+
+
+def _get(path: str):
+    """GET as the run's identity. Its requests count against the same throttle as the run's, so
+    a 429 is waited out (Retry-After) a few times rather than failing the case."""
+    request = urllib.request.Request(  # noqa: S310 (FUZZ_BASE_URL is scripts/fuzz's http(s) URL)
+        path if "://" in path else API + path,
+        headers={"Authorization": f"Token {os.environ['FUZZ_TOKEN']}", "Accept": "application/json"},
+    )
+    for attempt in range(THROTTLE_RETRIES + 1):
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:  # noqa: S310
+                return json.load(response)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 429 or attempt == THROTTLE_RETRIES:
+                raise
+            time.sleep(min(int(exc.headers.get("Retry-After", "5")), MAX_WAIT_S))
+
+
+def _all(path: str) -> list[dict]:
+    rows, url = [], f"{path}?page_size=200"
+    for _ in range(50):  # 10,000 rows: far beyond a test stack
+        page = _get(url)
+        rows += page["results"]
+        url = page["next"]
+        if url is None:
+            break
+    return rows
+
+
+def refs() -> dict:
+    """What the stack holds that the run does not change, read once: the (scenario, GPU model,
+    cluster, partition) combinations a job can run on, users, and the run's login."""
+    with _lock:
+        if not _refs:
+            clusters = _all("/clusters/")
+            scenarios = _all("/scenarios/")
+            with open(os.environ.get("FUZZ_LOGINS", "var/stack/logins.json")) as handle:
+                logins = json.load(handle)
+            user = os.environ.get("FUZZ_USER", "")
+            _refs.update(
+                pairs=[(s["slug"], g["gpu_model"]) for s in scenarios for g in s["gpu_models"]],
+                placements=[
+                    (s["slug"], p["gpu_model"], c["slug"], p)
+                    for c in clusters
+                    for p in c["partitions"]
+                    for s in scenarios
+                    if p["gpu_model"] in {g["gpu_model"] for g in s["gpu_models"]}
+                ],
+                advisors={s["advisor"]: s["slug"] for s in scenarios if s["advisor"]},
+                usernames=sorted(logins),
+                login={"username": user, "password": logins.get(user, "")},
+            )
+        return _refs
+
+
+def pick(options: list, seed) -> object:
+    """One of the options, chosen by the generated value (not at random: Hypothesis replays and
+    shrinks a case, and must get the same one back)."""
+    digest = zlib.crc32(json.dumps(seed, sort_keys=True, default=str).encode())
+    return options[digest % len(options)]
+
+
+def _date(value, default: date) -> date:
+    try:
+        return date.fromisoformat(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def visible_tenants() -> dict[str, str]:
+    """The caller's tenants as they are now, slug to tier: the run itself may have left one or
+    changed its tier since the last case (the first 200: plenty to pick from)."""
+    return {t["slug"]: t["tier"] for t in _get("/tenants/?page_size=200")["results"]}
+
+
+def job(case, body: dict) -> None:
+    """A job the tenant has an active grant for where one exists (else the answer is 409 no_quota,
+    also right, but the submission path is the one worth fuzzing), on a partition it fits."""
+    data, tiers = refs(), visible_tenants()
+    if not tiers or not data["placements"]:
+        return
+    granted = {
+        (q["tenant"], q["scenario"], q["gpu_model"])
+        for q in _get("/quotas/?active=true&page_size=200")["results"]
+        if q["tenant"] in tiers
+    }
+    choices = [
+        (tenant, *placement)
+        for tenant, scenario, gpu_model in sorted(granted)
+        for placement in data["placements"]
+        if placement[:2] == (scenario, gpu_model)
+    ] or [(tenant, *placement) for tenant in sorted(tiers) for placement in data["placements"]]
+    drawn = [body.get("tenant"), body.get("scenario"), body.get("gpu_model"), body.get("cluster")]
+    body["tenant"], scenario, gpu_model, cluster, partition = pick(choices, drawn)
+    nodes = 1 + (body.get("nodes", 1) - 1) % partition["nodes"]
+    per_node = 1 + (body["gpus"] - 1) % partition["gpus_per_node"]
+    cap = TIER_CAP[tiers[body["tenant"]]]
+    body |= {
+        "scenario": scenario,
+        "gpu_model": gpu_model,
+        "cluster": cluster,
+        "partition": partition["name"],
+        "nodes": nodes,
+        "gpus": nodes * per_node,
+        "walltime_minutes": min(body["walltime_minutes"], partition["max_walltime_minutes"]),
+        "env": {f"FUZZ_{index}": value for index, value in enumerate(body.get("env", {}).values())},
+        "script": JOB_SCRIPT,
+    }
+    if body.get("priority") and PRIORITIES.index(body["priority"]) > PRIORITIES.index(cap):
+        body["priority"] = cap
+    body.pop("template", None)
+    body.pop("parameters", None)
+
+
+def quota_request(case, body: dict) -> None:
+    data, tiers = refs(), visible_tenants()
+    if not tiers or not data["pairs"]:
+        return
+    body["tenant"] = pick(sorted(tiers), body.get("tenant"))
+    body["scenario"], body["gpu_model"] = pick(data["pairs"], [body.get("scenario"), body.get("gpu_model")])
+    # Not in the past: tomorrow at the earliest, whatever the server's time zone makes today.
+    tomorrow = date.today() + timedelta(days=1)
+    starts = _date(body.get("starts_on"), tomorrow)
+    body["ends_on"] = max(_date(body.get("ends_on"), starts), starts, tomorrow).isoformat()
+
+
+def approval(case, body: dict) -> None:
+    """Figures no higher than those asked for, and an end no earlier than the start."""
+    try:
+        asked = _get(f"/quota-requests/{case.path_parameters['id']}/")
+    except OSError:  # 404 and the like: the API's answer to the case is what counts
+        return
+    if "gpus" in body:
+        body["gpus"] = min(body["gpus"], asked["gpus"])
+    if "gpu_hours" in body:
+        body["gpu_hours"] = min(body["gpu_hours"], asked["gpu_hours"])
+    if "ends_on" in body:
+        starts, ends = date.fromisoformat(asked["starts_on"]), date.fromisoformat(asked["ends_on"])
+        body["ends_on"] = min(max(_date(body["ends_on"], ends), starts), ends).isoformat()
+
+
+def member(case, body: dict) -> None:
+    body["username"] = pick(refs()["usernames"], body.get("username"))
+
+
+def tenant(case, body: dict) -> None:
+    """A fresh slug each time the case is sent (the same case may go out more than once)."""
+    stem = _OURS.sub("", body["slug"])[:40].strip("-") or "t"
+    body["slug"] = f"{FUZZ_TENANT_PREFIX}{os.getpid()}x{next(_serial)}-{stem}"
+    if "owner" in body:
+        body["owner"] = pick(refs()["usernames"], body["owner"])
+
+
+def advice(case, body: dict) -> None:
+    """The scenario whose advisor reads this body (the schema's oneOf); an MD run needs
+    simulated_ns or days, one of them."""
+    kind = "ai" if "params_b" in body else "md" if "atoms" in body else "cfd"
+    slug = refs()["advisors"].get(kind)
+    if slug:
+        case.path_parameters["slug"] = slug
+    if kind == "md":
+        if "simulated_ns" in body:
+            body.pop("days", None)
+        elif "days" not in body:
+            body["simulated_ns"] = 1.0
+
+
+def token(case, body: dict) -> None:
+    body |= refs()["login"]
+
+
+def usage(case) -> None:
+    """`from` no later than `to`, at most 366 days apart (`to` defaults to today; an empty
+    parameter is an absent one)."""
+    query = case.query
+    if not query.get("from"):
+        return  # `from` defaults to 29 days before `to`: always a valid range
+    start = date.fromisoformat(query["from"])
+    end = _date(query.get("to"), start + timedelta(days=30))
+    end = min(max(end, start), start + timedelta(days=USAGE_MAX_DAYS), date(2999, 12, 31))
+    query["to"] = end.isoformat()
+
+
+BODIES = {
+    "POST /api/v1/jobs/": job,
+    "POST /api/v1/quota-requests/": quota_request,
+    "POST /api/v1/quota-requests/{id}/approve/": approval,
+    "POST /api/v1/tenants/{tenant_slug}/members/": member,
+    "POST /api/v1/tenants/": tenant,
+    "POST /api/v1/scenarios/{slug}/advise/": advice,
+    "POST /api/v1/auth/token/": token,
+}
+
+
+@schemathesis.hook
+def before_call(context, case, kwargs):
+    """Right before the request goes out, in every phase: the stateful phase merges values from
+    earlier responses into a case after it was generated, so a generation hook comes too early."""
+    meta = case.meta
+    if meta is None or not meta.generation.mode.is_positive:
+        return
+    label = case.operation.label
+    if label == "GET /api/v1/usage/" and isinstance(case.query, dict):
+        usage(case)
+    elif label in BODIES and isinstance(case.body, dict):
+        BODIES[label](case, case.body)
