@@ -224,6 +224,10 @@ CELERY_TASK_SERIALIZER = CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Celery's Django fixup closes the database connection before and after every task unless this
+# is set: a new PostgreSQL connection per task cost more than a dispatch (bench/dispatch.py).
+# portal/celery.py closes stale and broken connections around tasks instead, by CONN_MAX_AGE.
+CELERY_DB_REUSE_MAX = 1_000_000
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
     "heartbeat": {"task": "portal.core.tasks.heartbeat", "schedule": 30.0, "options": {"expires": 25}},

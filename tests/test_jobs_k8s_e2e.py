@@ -2,6 +2,7 @@
 Kubernetes backend over HTTP to the API server of tests/k8s_apiserver (whose kubelet runs each
 container's command as a local process)."""
 
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
@@ -89,7 +90,11 @@ def test_cancel_deletes_the_job(celery_worker, client_for, member, k8s, api):
     running = follow(client, job["id"], k8s.pk, {"RUNNING"})  # the submit answer may predate dispatch
     assert client.post(f"/api/v1/jobs/{job['id']}/cancel/").status_code == 202
     follow(client, job["id"], k8s.pk, {"CANCELLED"}, timeout_s=30)
+    # CANCELLED as soon as a poll sees the deletion begin; the Job goes once its pods have ended
     name = running["backend_id"].split("/")[1]
+    deadline = time.monotonic() + 30
+    while [j for j in api.objects("Job") if j["metadata"]["name"] == name] and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert not [j for j in api.objects("Job") if j["metadata"]["name"] == name]
 
 

@@ -3,21 +3,29 @@
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import F, Q
+from django.db import connection, transaction
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from clusters.backends.base import (
+    Backend,
     BackendError,
     BackendUnavailable,
     JobSpec,
     JobStatus,
 )
+from clusters.models import Cluster
 from clusters.services import backend_of, cluster_mark_health
-from jobs.models import Job, JobState
+from jobs.models import Job, JobEvent, JobState
 from jobs.services.common import _move, _send_now
-from jobs.services.follow import job_finish
-from jobs.services.submit import job_unadmit_if_held, jobs_admit
+from jobs.services.follow import job_finish, moved_event
+from jobs.services.submit import job_held_back, job_unadmit_if_held, jobs_admit
+from tenants.models import QuotaGrant
+
+# Jobs one dispatcher claims and submits together: on Slurm, one SSH exec of as many sbatch
+# calls, about 5 ms each, so a batch holds its worker well under a second and its leases far
+# less than JOB_DISPATCH_LEASE_S.
+DISPATCH_BATCH = 50
 
 # --- Dispatch
 
@@ -27,9 +35,7 @@ def _claim(job_id: int) -> Job | None:
     whose last dispatcher is gone. One conditional UPDATE: of two dispatchers, one wins."""
     now = timezone.now()
     lease = now + timedelta(seconds=settings.JOB_DISPATCH_LEASE_S)
-    claimable = Q(state=JobState.QUEUED, holds_gpus=True) | Q(state=JobState.SUBMITTING)
-    expired = Q(dispatch_lease_until__isnull=True) | Q(dispatch_lease_until__lt=now)
-    if not Job.objects.filter(claimable & expired, pk=job_id).update(
+    if not Job.objects.filter(_claimable(now), pk=job_id).update(
         dispatch_lease_until=lease, dispatch_attempts=F("dispatch_attempts") + 1
     ):
         return None
@@ -39,7 +45,7 @@ def _claim(job_id: int) -> Job | None:
         # and deadlocked with job_submit, which locks partition and cluster first.
         job = (
             Job.objects.select_for_update(of=("self",))
-            .select_related("cluster", "partition", "gpu_model", "tenant")
+            .select_related("cluster", "partition", "gpu_model", "tenant", "scenario")
             .get(pk=job_id)
         )
         if job.state == JobState.QUEUED:
@@ -75,37 +81,180 @@ def _spec(job: Job) -> JobSpec:
 
 
 def job_dispatch(*, job_id: int) -> None:
-    """QUEUED (admitted) → SUBMITTING → PENDING. Safe to run twice and after a crash anywhere:
-    the lease lets one dispatcher work at a time, and any attempt after the first asks the
-    scheduler for the job's token before it submits again."""
+    """QUEUED (admitted) → SUBMITTING → PENDING, this one job. Safe to run twice and after a
+    crash anywhere: the lease lets one dispatcher work at a time, and any attempt after the
+    first asks the scheduler for the job's token before it submits again."""
     job = _claim(job_id)
-    if job is None:
-        return
-    backend = backend_of(job.cluster)
-    try:
-        backend_id = (backend.find(job.token) if job.dispatch_attempts > 1 else None) or backend.submit(
-            _spec(job)
-        )
-    except BackendUnavailable as exc:
-        cluster_mark_health(cluster=job.cluster, healthy=False, detail=str(exc))
-        Job.objects.filter(pk=job_id).update(dispatch_lease_until=None)  # the retry may go at once
-        raise
-    except BackendError as exc:
-        job_finish(job_id=job_id, status=None, reject_reason=str(exc)[:200])
-        return
+    if job is not None:
+        _dispatch(backend_of(job.cluster), [job])
+
+
+def jobs_dispatch(*, job_id: int, retry: bool = False, batch: int = DISPATCH_BATCH) -> int:
+    """What the dispatch task runs: the job and up to batch - 1 other admitted jobs of its
+    cluster that no dispatcher holds, claimed together and sent in one exchange with a scheduler
+    that submits in batches (Slurm: one SSH exec for all their sbatch calls). Every job keeps
+    job_dispatch's guarantees: its own lease, find(token) before a second submission, REJECTED
+    on a refusal, the scheduler's copy cancelled if the job was cancelled meanwhile.
+
+    A message whose job another dispatcher's batch took along costs one indexed query and
+    ends, since each waiting job has a message of its own. A retry (`retry`: the last batch
+    left jobs to try again, whose own messages are spent) takes what waits even then. Returns
+    how many jobs this call took. A backend without submit_many, or a database without SKIP
+    LOCKED, takes the one job."""
+    if not retry and not Job.objects.filter(_claimable(timezone.now()), pk=job_id).exists():
+        return 0
+    cluster = Cluster.objects.filter(jobs=job_id).first()
+    if cluster is None:
+        return 0
+    backend = backend_of(cluster)
+    if not (hasattr(backend, "submit_many") and connection.features.has_select_for_update_skip_locked):
+        job = _claim(job_id)
+        if job is not None:
+            _dispatch(backend, [job])
+        return int(job is not None)
+    jobs = _claim_batch(job_id, cluster_id=cluster.pk, limit=batch)
+    if jobs:
+        _dispatch(backend, jobs)
+    return len(jobs)
+
+
+def _claimable(now) -> Q:
+    """Admitted QUEUED jobs, and SUBMITTING ones whose last dispatcher is gone, with no live lease."""
+    claimable = Q(state=JobState.QUEUED, holds_gpus=True) | Q(state=JobState.SUBMITTING)
+    return claimable & (Q(dispatch_lease_until__isnull=True) | Q(dispatch_lease_until__lt=now))
+
+
+def _claim_batch(job_id: int, *, cluster_id: int, limit: int) -> list[Job]:
+    """_claim for up to `limit` jobs of one cluster, the given job first if it is free: their
+    leases in one transaction (rows another dispatcher is locking are skipped, not waited for),
+    then their moves to SUBMITTING in a second, as _claim does for one."""
+    now = timezone.now()
+    lease = now + timedelta(seconds=settings.JOB_DISPATCH_LEASE_S)
     with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job_id)
-        job.backend_id, job.submitted_at, job.dispatch_lease_until = backend_id, timezone.now(), None
-        if job.state == JobState.SUBMITTING:
-            _move(job, JobState.PENDING, reason="submitted")
-            job.save()
-            return
-        job.save()
-    # Cancelled (or ended) while sbatch ran: the scheduler's copy must not live on.
+        ids = list(
+            Job.objects.select_for_update(skip_locked=True)
+            .filter(_claimable(now), cluster_id=cluster_id)
+            .order_by(Case(When(pk=job_id, then=0), default=1), "pk")
+            .values_list("pk", flat=True)[:limit]
+        )
+        Job.objects.filter(pk__in=ids).update(
+            dispatch_lease_until=lease, dispatch_attempts=F("dispatch_attempts") + 1
+        )
+    if not ids:
+        return []
+    claimed, moved, events = [], [], []
+    with transaction.atomic():
+        jobs = list(
+            Job.objects.select_for_update(of=("self",))  # the job rows alone, as in _claim
+            .select_related("cluster", "partition", "gpu_model", "tenant", "scenario")
+            .filter(pk__in=ids)
+            .order_by("pk")
+        )
+        grants = QuotaGrant.objects.in_bulk({job.grant_id for job in jobs})
+        today = timezone.localdate()
+        for job in jobs:
+            if job.state == JobState.QUEUED:
+                if job_held_back(job, grant=grants[job.grant_id], today=today) and job_unadmit_if_held(job):
+                    continue  # suspended or grant ended since admission: not submitted
+                events.append(moved_event(job, JobState.SUBMITTING))
+                moved.append(job)
+            elif job.state != JobState.SUBMITTING:
+                continue  # cancelled or ended between the lease and the lock
+            claimed.append(job)
+        JobEvent.objects.bulk_create(events)
+        # moved_event left each moved job SUBMITTING, no reason, its raw state as it was
+        Job.objects.filter(pk__in=[job.pk for job in moved]).update(state=JobState.SUBMITTING, reason="")
+    return claimed
+
+
+def _dispatch(backend: Backend, jobs: list[Job]) -> None:
+    """Submit claimed SUBMITTING jobs of one cluster and record what became of each. Raises
+    BackendUnavailable when any of them must be tried again, so that the task retries."""
+    cluster = jobs[0].cluster
+    by_pk = {job.pk: job for job in jobs}
     try:
-        backend.cancel(backend_id)
-    except BackendUnavailable:
-        _send_now("jobs.tasks.cancel_job", job_id=job_id, backend_id=backend_id)
+        outcome = _submit(backend, jobs)
+    except BackendUnavailable as exc:  # nothing reached the scheduler
+        cluster_mark_health(cluster=cluster, healthy=False, detail=str(exc))
+        Job.objects.filter(pk__in=by_pk).update(dispatch_lease_until=None)  # the retry may go at once
+        raise
+    except BackendError as exc:  # refused before any job, for all of them
+        outcome = dict.fromkeys(by_pk, exc)
+    submitted = {pk: result for pk, result in outcome.items() if isinstance(result, str)}
+    if submitted:
+        _save_submitted(backend, submitted)
+    again = [pk for pk, result in outcome.items() if isinstance(result, BackendUnavailable)]
+    unknown = [pk for pk, result in outcome.items() if result is None]
+    for pk, result in outcome.items():
+        if isinstance(result, BackendError) and not isinstance(result, BackendUnavailable):
+            job_finish(job_id=pk, status=None, reject_reason=str(result)[:200])
+    if again or unknown:
+        # Refused for now (sbatch exited, so the retry may go at once: it asks find(token) first),
+        # or cut off with its outcome unknown: that lease stays until it runs out, so that no
+        # retry can overtake a submission still under way; the sweep takes the job up then.
+        Job.objects.filter(pk__in=again).update(dispatch_lease_until=None)
+        first = outcome[(again or unknown)[0]]
+        detail = str(first) if first is not None else "the connection was cut during sbatch"
+        cluster_mark_health(cluster=cluster, healthy=False, detail=detail)
+        raise BackendUnavailable(f"{len(again) + len(unknown)} of {len(jobs)} jobs not submitted: {detail}")
+
+
+def _submit(backend: Backend, jobs: list[Job]) -> dict[int, str | BackendError | None]:
+    """Per job: the scheduler's id (found by token for a job tried before, else submitted), a
+    BackendError, or None when its outcome is unknown (see SlurmBackend.submit_many)."""
+    retried = [job for job in jobs if job.dispatch_attempts > 1]
+    found = _find(backend, [job.token for job in retried]) if retried else {}
+    outcome: dict[int, str | BackendError | None] = {
+        job.pk: found[job.token] for job in retried if job.token in found
+    }
+    fresh = [job for job in jobs if job.pk not in outcome]
+    if not fresh:
+        return outcome
+    if hasattr(backend, "submit_many"):
+        results = backend.submit_many([_spec(job) for job in fresh])
+    else:
+        results = []
+        for job in fresh:
+            try:
+                results.append(backend.submit(_spec(job)))
+            except BackendError as exc:  # BackendUnavailable included: this job is tried again
+                results.append(exc)
+    outcome.update(zip([job.pk for job in fresh], results, strict=True))
+    return outcome
+
+
+def _find(backend: Backend, tokens: list[str]) -> dict[str, str]:
+    if hasattr(backend, "find_many"):
+        return backend.find_many(tokens)
+    return {token: found for token in tokens if (found := backend.find(token))}
+
+
+def _save_submitted(backend: Backend, submitted: dict[int, str]) -> None:
+    """Record the scheduler's ids: SUBMITTING → PENDING. A job cancelled (or ended) while it
+    was being submitted keeps its id, and the scheduler's copy is cancelled: it must not live on."""
+    now = timezone.now()
+    with transaction.atomic():
+        jobs = list(Job.objects.select_for_update().filter(pk__in=submitted).only("pk", "state", "raw_state"))
+        pending = [job for job in jobs if job.state == JobState.SUBMITTING]
+        cancel = [job for job in jobs if job.state != JobState.SUBMITTING]
+        events = [moved_event(job, JobState.PENDING, reason="submitted") for job in pending]
+        JobEvent.objects.bulk_create(events)
+        saved = {
+            "backend_id": Case(
+                *(When(pk=pk, then=Value(backend_id)) for pk, backend_id in submitted.items())
+            ),
+            "submitted_at": now,
+            "dispatch_lease_until": None,
+        }
+        Job.objects.filter(pk__in=[job.pk for job in pending]).update(
+            state=JobState.PENDING, reason="submitted", **saved
+        )
+        Job.objects.filter(pk__in=[job.pk for job in cancel]).update(**saved)
+    for job in cancel:
+        try:
+            backend.cancel(submitted[job.pk])
+        except BackendUnavailable:
+            _send_now("jobs.tasks.cancel_job", job_id=job.pk, backend_id=submitted[job.pk])
 
 
 # --- Sweep

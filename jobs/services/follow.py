@@ -1,5 +1,6 @@
 """Follow jobs in the scheduler, end them (step 5: charge, release, admit the next), cancel."""
 
+from collections import defaultdict
 from datetime import timedelta
 from decimal import Decimal
 
@@ -17,10 +18,10 @@ from clusters.backends.base import (
 )
 from clusters.models import Cluster, Partition
 from clusters.services import backend_of, cluster_mark_health
-from jobs.models import Job, JobState
+from jobs.models import Job, JobEvent, JobState
 from jobs.services.common import _move, _send, log
 from jobs.services.submit import jobs_admit
-from jobs.states import ACTIVE_IN_SCHEDULER, END_STATES
+from jobs.states import ACTIVE_IN_SCHEDULER, END_STATES, check_move
 from portal.core.errors import Conflict, Unavailable
 from portal.core.services import audit_record
 from tenants.services import grant_settle
@@ -28,11 +29,23 @@ from tenants.services import grant_settle
 # --- Follow
 
 
+def moved_event(job: Job, to_state: str, *, reason: str = "", raw_state: str = "") -> JobEvent:
+    """common._move for many jobs at once: the same check and change in memory, and the event
+    returned unsaved for one bulk_create; the caller saves the jobs."""
+    check_move(job.state, to_state)
+    event = JobEvent(job=job, from_state=job.state, to_state=to_state, reason=reason, raw_state=raw_state)
+    job.state, job.reason, job.raw_state = to_state, reason, raw_state or job.raw_state
+    return event
+
+
 def jobs_poll(*, cluster_id: int) -> int:
-    """One poll of one cluster for all its active jobs; returns how many changed state."""
+    """One poll of one cluster for all its active jobs (one backend.poll: for Slurm one squeue
+    and one sacct); returns how many changed state. What the scheduler says is compared with
+    what the jobs' rows hold, and only the jobs it changes are written: in one transaction, and
+    the ends in one per partition (jobs_finish)."""
     cluster = Cluster.objects.get(pk=cluster_id)
     active = Job.objects.filter(cluster=cluster, state__in=ACTIVE_IN_SCHEDULER).exclude(backend_id="")
-    jobs = {row[0]: row[1:] for row in active.values_list("backend_id", "pk", "submitted_at", "state")}
+    jobs = {job.backend_id: job for job in active.only(*_FOLLOWED)}
     if not jobs:
         return 0
     try:
@@ -42,82 +55,148 @@ def jobs_poll(*, cluster_id: int) -> int:
         return 0
     if not cluster.healthy:
         cluster_mark_health(cluster=cluster, healthy=True, detail="answers")
-    moved = sum(job_apply_status(job_id=jobs[bid][0], status=status) for bid, status in statuses.items())
+    ended = {jobs[bid].pk: status for bid, status in statuses.items() if status.state in END_STATES}
+    changed = {
+        jobs[bid].pk: status
+        for bid, status in statuses.items()
+        if status.state not in END_STATES and _followed(jobs[bid], status) != _values(jobs[bid])
+    }
+    moved = jobs_apply_statuses(changed) if changed else 0
     # Gone from the scheduler: a job we were cancelling is cancelled (Kubernetes forgets a
     # deleted Job); any other, past a grace period for the scheduler's bookkeeping to catch up,
     # is LOST. Either way its reservation and GPUs go back to the grant.
     grace = timezone.now() - timedelta(seconds=settings.JOB_LOST_GRACE_S)
-    for backend_id, (pk, submitted_at, state) in jobs.items():
+    for backend_id, job in jobs.items():
         if backend_id in statuses:
             continue
-        if state == JobState.CANCELLING:
+        if job.state == JobState.CANCELLING:
             gone = JobStatus(
                 backend_id=backend_id, state=JobState.CANCELLED, raw_state="", reason="cancelled"
             )
-        elif submitted_at and submitted_at < grace:
+        elif job.submitted_at and job.submitted_at < grace:
             gone = JobStatus(
                 backend_id=backend_id, state=JobState.LOST, raw_state="", reason="unknown to the scheduler"
             )
         else:
             continue
-        moved += job_finish(job_id=pk, status=gone)
-    return moved
+        ended[job.pk] = gone
+    return moved + (jobs_finish(ended) if ended else 0)
+
+
+# What following a job may change in its row, besides the ends that jobs_finish records.
+_FOLLOWED_FIELDS = ["state", "reason", "raw_state", "started_at", "node_list"]
+_FOLLOWED = ["pk", "backend_id", "submitted_at", *_FOLLOWED_FIELDS]
+
+
+def _values(job: Job) -> tuple:
+    return tuple(getattr(job, name) for name in _FOLLOWED_FIELDS)
+
+
+def _followed(job: Job, status: JobStatus) -> tuple:
+    """The row's followed values once the (non-end) status is applied, without changing the job."""
+    if job.state in END_STATES:
+        return _values(job)
+    state, reason, raw_state = job.state, job.reason, job.raw_state
+    if status.state != job.state and job.state != JobState.CANCELLING:
+        state, reason, raw_state = status.state, status.reason, status.raw_state or job.raw_state
+    elif job.state != JobState.CANCELLING:
+        reason, raw_state = status.reason, status.raw_state  # e.g. Priority → Resources
+    # A job being cancelled stays CANCELLING until the scheduler says it ended.
+    return state, reason, raw_state, job.started_at or status.started_at, status.node_list or job.node_list
 
 
 def job_apply_status(*, job_id: int, status: JobStatus) -> bool:
     """Follow what the scheduler says; an end state settles the job. True if the state moved."""
     if status.state in END_STATES:
         return job_finish(job_id=job_id, status=status)
+    return bool(jobs_apply_statuses({job_id: status}))
+
+
+def jobs_apply_statuses(statuses: dict[int, JobStatus]) -> int:
+    """Non-end statuses of many jobs, job id → status, in one transaction: the rows locked in id
+    order, compared again under the lock, and only those that differ written, one UPDATE per
+    set of new values (jobs that changed alike, e.g. a reason, share one). Returns how many
+    moved to another state."""
+    events, changed = [], defaultdict(list)
     with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job_id)
-        if job.state in END_STATES:
-            return False
-        # A job being cancelled stays CANCELLING until the scheduler says it ended.
-        moved = status.state != job.state and job.state != JobState.CANCELLING
-        if moved:
-            _move(job, status.state, reason=status.reason, raw_state=status.raw_state)
-        elif job.state != JobState.CANCELLING:
-            job.reason, job.raw_state = status.reason, status.raw_state  # e.g. Priority → Resources
-        job.started_at = job.started_at or status.started_at
-        job.node_list = status.node_list or job.node_list
-        job.save()
-    return moved
+        for job in Job.objects.select_for_update().filter(pk__in=statuses).only(*_FOLLOWED).order_by("pk"):
+            status = statuses[job.pk]
+            values = _followed(job, status)
+            if values == _values(job):
+                continue
+            if values[0] != job.state:
+                events.append(moved_event(job, values[0], reason=status.reason, raw_state=status.raw_state))
+            changed[values].append(job.pk)
+        JobEvent.objects.bulk_create(events)
+        for values, pks in changed.items():
+            Job.objects.filter(pk__in=pks).update(**dict(zip(_FOLLOWED_FIELDS, values, strict=True)))
+    return len(events)
 
 
 def job_finish(*, job_id: int, status: JobStatus | None, reject_reason: str = "") -> bool:
     """Any → an end state: charge the real GPU-hours (elapsed × GPUs) to the grant, release the
-    reservation and the GPUs, record exit code and times, and admit the next waiting job."""
+    reservation and the GPUs, record exit code and times, and admit the next waiting job.
+    `status` None: the scheduler refused the job (REJECTED, reject_reason)."""
+    partition_id = Job.objects.values_list("partition_id", flat=True).get(pk=job_id)
+    return bool(_finish(partition_id, {job_id: (status, reject_reason)}))
+
+
+def jobs_finish(statuses: dict[int, JobStatus]) -> int:
+    """job_finish for many jobs (job id → end status): one transaction per partition, its grants
+    settled once each, one admission pass after. Returns how many ended here (not before)."""
+    ends: dict[int, dict[int, tuple[JobStatus | None, str]]] = defaultdict(dict)
+    for pk, partition_id in Job.objects.filter(pk__in=statuses).values_list("pk", "partition_id"):
+        ends[partition_id][pk] = (statuses[pk], "")
+    return sum(_finish(partition_id, ends[partition_id]) for partition_id in sorted(ends))
+
+
+# What an end changes in a job's row.
+_FINISHED_FIELDS = [
+    *("state", "reason", "raw_state", "exit_code", "started_at", "node_list", "finished_at"),
+    *("gpu_hours", "holds_gpus", "dispatch_lease_until"),
+]
+
+
+def _finish(partition_id: int, ends: dict[int, tuple[JobStatus | None, str]]) -> int:
+    """The ends of jobs of one partition. Lock order: partition → jobs (by id) → grants (by id)."""
     with transaction.atomic():
-        partition_id = Job.objects.values_list("partition_id", flat=True).get(pk=job_id)
-        Partition.objects.select_for_update().get(pk=partition_id)  # lock order: partition → job → grant
-        job = Job.objects.select_for_update().get(pk=job_id)
-        if job.state in END_STATES:
-            return False
+        Partition.objects.select_for_update(no_key=True).get(pk=partition_id)
+        jobs = list(Job.objects.select_for_update().filter(pk__in=ends).order_by("pk"))
         now = timezone.now()
-        if status is None:
-            _move(job, JobState.REJECTED, reason=reject_reason)
-        else:
-            _move(job, status.state, reason=status.reason, raw_state=status.raw_state)
-            job.exit_code = status.exit_code
-            job.started_at = job.started_at or status.started_at
-            job.node_list = status.node_list or job.node_list
-        job.finished_at = (status.finished_at if status else None) or now
-        elapsed_h = (
-            Decimal(max(0.0, (job.finished_at - job.started_at).total_seconds()) / 3600)
-            if job.started_at
-            else 0
-        )
-        job.gpu_hours = (Decimal(elapsed_h) * job.gpus).quantize(Decimal("0.0001"))
-        grant_settle(
-            grant_id=job.grant_id,
-            reserved_gpu_hours=job.reserved_gpu_hours,
-            used_gpu_hours=job.gpu_hours,
-            gpus=job.gpus if job.holds_gpus else 0,
-        )
-        job.holds_gpus, job.dispatch_lease_until = False, None
-        job.save()
-        transaction.on_commit(lambda: jobs_admit(partition_id=partition_id))
-    return True
+        events, ended = [], []
+        settle: dict[int, list] = defaultdict(lambda: [Decimal(0), Decimal(0), 0])  # reserved, used, GPUs
+        for job in jobs:
+            if job.state in END_STATES:
+                continue
+            status, reject_reason = ends[job.pk]
+            if status is None:
+                events.append(moved_event(job, JobState.REJECTED, reason=reject_reason))
+            else:
+                events.append(
+                    moved_event(job, status.state, reason=status.reason, raw_state=status.raw_state)
+                )
+                job.exit_code = status.exit_code
+                job.started_at = job.started_at or status.started_at
+                job.node_list = status.node_list or job.node_list
+            job.finished_at = (status.finished_at if status else None) or now
+            elapsed_s = (job.finished_at - job.started_at).total_seconds() if job.started_at else 0.0
+            job.gpu_hours = (Decimal(max(0.0, elapsed_s) / 3600) * job.gpus).quantize(Decimal("0.0001"))
+            grant = settle[job.grant_id]
+            grant[0] += job.reserved_gpu_hours
+            grant[1] += min(job.gpu_hours, job.reserved_gpu_hours)  # as grant_settle charges each job
+            grant[2] += job.gpus if job.holds_gpus else 0
+            job.holds_gpus, job.dispatch_lease_until = False, None
+            ended.append(job)
+        for grant_id in sorted(settle):
+            reserved, used, gpus = settle[grant_id]
+            grant_settle(grant_id=grant_id, reserved_gpu_hours=reserved, used_gpu_hours=used, gpus=gpus)
+        JobEvent.objects.bulk_create(events)
+        # batches of 100: each field's CASE names every job of its batch, and PostgreSQL tries
+        # them in turn for every row
+        Job.objects.bulk_update(ended, _FINISHED_FIELDS, batch_size=100)
+        if ended:
+            transaction.on_commit(lambda: jobs_admit(partition_id=partition_id))
+    return len(ended)
 
 
 # --- Cancel

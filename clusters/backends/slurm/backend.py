@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from clusters.backends import base
 from clusters.backends.base import (
     BackendError,
+    BackendUnavailable,
     ClusterConfig,
     GpuSample,
     Health,
@@ -21,9 +22,15 @@ from clusters.backends.base import (
 )
 from clusters.backends.slurm import accounts, scratch, ssh
 from clusters.backends.slurm.parse import (
+    BATCH_EXIT_MKDIR,
+    BATCH_EXIT_MKTEMP,
     NO_VALUE,
+    SBATCH_BATCH_SH,
     SLURM_END_STATES,
     TOKEN_RE,
+    batch_answers,
+    batch_job_lines,
+    batch_stdin,
     check_count,
     check_job_id,
     check_job_name,
@@ -34,13 +41,14 @@ from clusters.backends.slurm.parse import (
     portal_state,
     render_script,
     sacct_exit_code,
+    sbatch_job_id,
     slurm_time,
     wait_status_exit_code,
 )
 
-# Ids per squeue/sacct pair: 1000 ids of 8 digits keep the command line near 9 kB, far below
-# any sshd or ARG_MAX limit. More ids than that take one squeue and one sacct per 1000.
-POLL_CHUNK = 1000
+# Ids per squeue and per sacct: 10,000 ids of 8 digits make a command line of 90 kB, below the
+# 128 kB that Linux allows the one argument (`$SHELL -c <command>`) through which sshd runs it.
+POLL_CHUNK = 10_000
 # Accounts per squeue of list_jobs: 500 names of at most 64 characters keep it near 32 kB.
 ACCOUNT_CHUNK = 500
 # squeue and sacct print times in the login node's local zone, without an offset: run them in UTC.
@@ -82,9 +90,15 @@ class SlurmBackend:
 
     # ------------------------------------------------------------------ plumbing --
     def run(
-        self, argv: list[str], *, stdin: str | None = None, timeout_s: float | None = None
+        self,
+        argv: list[str],
+        *,
+        stdin: str | None = None,
+        timeout_s: float | None = None,
+        partial: bool = False,
     ) -> ssh.CommandResult:
-        """Run argv on the login node through the pooled connection; any exit status."""
+        """Run argv on the login node through the pooled connection; any exit status (and with
+        `partial`, rc None for a command cut off: ssh.run)."""
         return ssh.run(
             self.config,
             argv,
@@ -92,6 +106,7 @@ class SlurmBackend:
             connect_timeout_s=self.connect_timeout_s,
             timeout_s=timeout_s or self.command_timeout_s,
             record=self.commands,
+            partial=partial,
         )
 
     def check(self, argv: list[str], *, stdin: str | None = None) -> str:
@@ -110,6 +125,70 @@ class SlurmBackend:
 
     # ------------------------------------------------------------------- jobs --
     def submit(self, spec: JobSpec) -> str:
+        """One job, sbatch on its own SSH exec (after a mkdir of its directory). The dispatcher
+        sends its jobs through submit_many, one exec for many."""
+        argv, script, directory = self._sbatch_request(spec)
+        self.check(["mkdir", "-p", "--", directory])
+        stdout = self.check(["sbatch", *argv], stdin=script)  # sbatch reads the script from stdin
+        job_id = sbatch_job_id(stdout)
+        if job_id is None:
+            raise BackendError(f"sbatch answered {stdout.strip()[:200]!r}, not a job id")
+        return job_id
+
+    def submit_many(self, specs: list[JobSpec]) -> list[str | BackendError | None]:
+        """Submit several jobs in one SSH exec: a fixed remote script (parse.SBATCH_BATCH_SH)
+        creates the jobs' directories and calls sbatch once per job, each job's options and
+        script arriving on stdin as data. Answers per spec, in order: the Slurm job id; a
+        BackendError for a job refused for good (a spec that fails its checks, or sbatch's no);
+        BackendUnavailable for a transient refusal (sbatch exited: the job is not submitted, or
+        find(token) will know); or None when the batch was cut off before that job's answer
+        came (timeout, connection lost): it may or may not have been submitted. Raises
+        BackendUnavailable (or BackendError) when nothing could run: no connection, no home
+        directory, the directories not creatable."""
+        results: list[str | BackendError | None] = [None] * len(specs)
+        parts: dict[str, tuple[int, str]] = {}  # token → (index in specs, its stdin lines)
+        directories: set[str] = set()
+        for index, spec in enumerate(specs):
+            try:
+                if spec.token in parts:
+                    raise BackendError(f"job token {spec.token} twice in one batch")
+                argv, script, directory = self._sbatch_request(spec)
+                parts[spec.token] = (index, batch_job_lines(spec.token, argv, script))
+                directories.add(directory)
+            except BackendError as exc:
+                results[index] = exc
+        if not parts:
+            return results
+        stdin = batch_stdin(sorted(directories), [lines for _index, lines in parts.values()])
+        result = self.run(
+            ["sh", "-c", SBATCH_BATCH_SH],
+            stdin=stdin,
+            timeout_s=min(2 * self.command_timeout_s, self.command_timeout_s + len(parts)),
+            partial=True,
+        )
+        if result.rc in (BATCH_EXIT_MKDIR, BATCH_EXIT_MKTEMP):  # before any sbatch
+            raise ssh.failure(replace(result, argv=["mkdir" if result.rc == BATCH_EXIT_MKDIR else "mktemp"]))
+        answers = batch_answers(result.stdout)
+        for token, (index, _lines) in parts.items():
+            if token not in answers:
+                continue  # never reached (rc 0 or 64: not submitted) or cut off (rc None): unknown
+            rc, text = answers[token]
+            job_id = sbatch_job_id(text) if rc == 0 else None
+            if job_id:
+                results[index] = job_id
+            elif rc == 0:
+                results[index] = BackendError(f"sbatch answered {text[:200]!r}, not a job id")
+            else:
+                results[index] = ssh.failure(ssh.CommandResult(["sbatch"], rc, "", text))
+        if result.rc is not None and result.rc >= 0:
+            # The script exited (not killed: the shell waits for each sbatch), so a job it did not
+            # answer was never reached. Cut off or killed, an sbatch may still be on its way: unknown.
+            for index in (index for index, _lines in parts.values() if results[index] is None):
+                results[index] = BackendUnavailable(f"sbatch batch ended with {result.rc}: {result.message}")
+        return results
+
+    def _sbatch_request(self, spec: JobSpec) -> tuple[list[str], str, str]:
+        """sbatch's arguments, the rendered script and the job's directory, every value checked."""
         check_token(spec.token)
         check_job_name(spec.name)
         for value, what in ((spec.account, "account"), (spec.qos, "QOS"), (spec.partition, "partition")):
@@ -126,71 +205,87 @@ class SlurmBackend:
         script = render_script(spec.script, spec.env)
         directory = self._job_dir(spec.account)
         output = f"{directory}/{spec.token}.out"
-        self.check(["mkdir", "-p", "--", directory])
-        stdout = self.check(
-            [
-                "sbatch",
-                "--parsable",
-                f"--job-name={spec.name}",
-                f"--account={spec.account}",
-                f"--qos={spec.qos}",
-                f"--partition={spec.partition}",
-                f"--gres=gpu:{spec.gpu_type}:{spec.gpus_per_node}",
-                f"--nodes={spec.nodes}",
-                f"--time={spec.walltime_minutes}",
-                f"--cpus-per-gpu={spec.cpus_per_gpu}",
-                f"--mem-per-gpu={spec.mem_per_gpu_mb}M",
-                f"--comment={spec.token}",
-                f"--output={output}",
-                f"--error={output}",
-                f"--chdir={directory}",
-            ],
-            stdin=script,  # sbatch reads the script from stdin when given no file
-        )
-        job_id = stdout.strip().split(";")[0]  # "123" or "123;cluster"
-        if not job_id.isdigit():
-            raise BackendError(f"sbatch answered {stdout.strip()[:200]!r}, not a job id")
-        return job_id
+        argv = [
+            "--parsable",
+            f"--job-name={spec.name}",
+            f"--account={spec.account}",
+            f"--qos={spec.qos}",
+            f"--partition={spec.partition}",
+            f"--gres=gpu:{spec.gpu_type}:{spec.gpus_per_node}",
+            f"--nodes={spec.nodes}",
+            f"--time={spec.walltime_minutes}",
+            f"--cpus-per-gpu={spec.cpus_per_gpu}",
+            f"--mem-per-gpu={spec.mem_per_gpu_mb}M",
+            f"--comment={spec.token}",
+            f"--output={output}",
+            f"--error={output}",
+            f"--chdir={directory}",
+        ]
+        return argv, script, directory
 
     def find(self, token: str) -> str | None:
         """The job submitted with --comment=<token>: None only when squeue and sacct both
         answered and neither knows it."""
-        check_token(token)
-        ids = self._find_queued(token) or self._find_accounted(token)
-        return max(ids, key=int) if ids else None
+        return self.find_many([token]).get(token)
+
+    def find_many(self, tokens: list[str]) -> dict[str, str]:
+        """The jobs submitted with these tokens, token → job id (the newest, should a token be
+        there twice), in one squeue and, for the tokens squeue does not know, one sacct. A token
+        left out is unknown to both."""
+        wanted = {check_token(token) for token in tokens}
+        found = self._queued_ids(wanted) if wanted else {}
+        if wanted - found.keys():
+            found |= self._accounted_ids(wanted - found.keys())
+        return {token: max(ids, key=int) for token, ids in found.items()}
 
     def _find_queued(self, token: str) -> list[str]:
-        """slurmctld's jobs (pending, running, ended less than MinJobAge ago), comment included."""
-        stdout = self.check(["squeue", "-h", "-t", "all", "-u", self.config.ssh_user, "-o", "%i|%k"])
-        return [job_id for job_id, comment in _split(stdout, 2) if comment == token and job_id.isdigit()]
+        return self._queued_ids({check_token(token)}).get(token, [])
 
     def _find_accounted(self, token: str) -> list[str]:
+        return self._accounted_ids({check_token(token)}).get(token, [])
+
+    def _queued_ids(self, tokens: set[str]) -> dict[str, list[str]]:
+        """slurmctld's jobs (pending, running, ended less than MinJobAge ago), comment included."""
+        stdout = self.check(["squeue", "-h", "-t", "all", "-u", self.config.ssh_user, "-o", "%i|%k"])
+        found: dict[str, list[str]] = {}
+        for job_id, comment in _split(stdout, 2):
+            if comment in tokens and job_id.isdigit():
+                found.setdefault(comment, []).append(job_id)
+        return found
+
+    def _accounted_ids(self, tokens: set[str]) -> dict[str, list[str]]:
         """slurmdbd's jobs of the last find_window_days. Its Comment stays empty unless slurm.conf
         has AccountingStoreFlags=job_comment, but 22.05 stores the SubmitLine, which holds our
         --comment=<token> (the script came on stdin, so the line is short)."""
         window = f"now-{check_count(self.find_window_days, 'find window')}days"
         argv = ["sacct", "-X", "-P", "-n", "-u", self.config.ssh_user, "-S", window]
         stdout = self.check([*argv, "-o", "JobID,Comment,SubmitLine"])
-        flag = f"--comment={token}"
-        return [
-            job_id
-            for job_id, comment, submit_line in _split(stdout, 3)
-            if (comment == token or flag in submit_line.split()) and job_id.isdigit()
-        ]
+        found: dict[str, list[str]] = {}
+        for job_id, comment, submit_line in _split(stdout, 3):
+            if not job_id.isdigit():
+                continue
+            words = submit_line.split()
+            flags = {word.removeprefix("--comment=") for word in words if word.startswith("--comment=")}
+            for token in ({comment} | flags) & tokens:
+                found.setdefault(token, []).append(job_id)
+        return found
 
     def poll(self, backend_ids: list[str]) -> dict[str, JobStatus]:
-        """One squeue and one sacct per POLL_CHUNK ids. squeue has the live state and the
-        pending reason; sacct has jobs slurmctld forgot, exit codes and times."""
+        """One squeue and one sacct per POLL_CHUNK ids (two calls up to 10,000 jobs). squeue has
+        the live state and the pending reason; sacct has jobs slurmctld forgot, exit codes and times."""
         ids = sorted({check_job_id(backend_id) for backend_id in backend_ids}, key=int)
+        chunks = [",".join(ids[start : start + POLL_CHUNK]) for start in range(0, len(ids), POLL_CHUNK)]
+        live: dict[str, _Record] = {}
+        accounted: dict[str, _Record] = {}
+        for chunk in chunks:
+            live.update(self._squeue(chunk))
+        for chunk in chunks:
+            accounted.update(self._sacct(chunk))
         statuses: dict[str, JobStatus] = {}
-        for start in range(0, len(ids), POLL_CHUNK):
-            chunk = ",".join(ids[start : start + POLL_CHUNK])
-            live = self._squeue(chunk)
-            accounted = self._sacct(chunk)
-            for job_id in ids[start : start + POLL_CHUNK]:
-                status = _merge(job_id, live.get(job_id), accounted.get(job_id))
-                if status is not None:
-                    statuses[job_id] = status
+        for job_id in ids:
+            status = _merge(job_id, live.get(job_id), accounted.get(job_id))
+            if status is not None:
+                statuses[job_id] = status
         return statuses
 
     def _squeue(self, ids: str) -> dict[str, _Record]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import re
 import shlex
 from datetime import UTC, datetime
@@ -177,3 +178,73 @@ def tres(text: str) -> dict[str, str]:
     """sacctmgr's "gres/gpu:a100=2,gres/gpu=2" as a dict."""
     pairs = (item.partition("=") for item in text.split(",") if item)
     return {name: value for name, _eq, value in pairs}
+
+
+# --- Batched submission: one SSH exec runs sbatch once per job (SlurmBackend.submit_many).
+#
+# The remote command is this fixed script (`sh -c SBATCH_BATCH_SH`); every value reaches it as
+# data on stdin, one per line, never as shell text: a count and that many directories to create,
+# then per job its token, a count, that many sbatch arguments, and its batch script in base64 on
+# one line (sbatch reads the script from its stdin). It answers one line per job, in order:
+# "<token> <sbatch's exit status> <job id, or sbatch's error message on one line>". A job with no
+# line was not reached, or its answer was cut off with the connection: its outcome is unknown.
+SBATCH_BATCH_SH = " ".join(  # one line: no argument of a remote command may hold a line break
+    (
+        r"set -u; LC_ALL=C; export LC_ALL;",
+        r"err=$(mktemp) || exit 66;",
+        r"""trap 'rm -f "$err"' EXIT; trap 'rm -f "$err"; exit 129' HUP INT TERM PIPE;""",
+        r"IFS= read -r count || exit 64; set --;",
+        r'while [ "$count" -gt 0 ]; do',
+        r'IFS= read -r dir || exit 64; set -- "$@" "$dir"; count=$((count - 1)); done;',
+        r'if [ "$#" -gt 0 ]; then mkdir -p -- "$@" || exit 65; fi;',
+        r"while IFS= read -r token; do",
+        r"IFS= read -r count || exit 64; set --;",
+        r'while [ "$count" -gt 0 ]; do',
+        r'IFS= read -r arg || exit 64; set -- "$@" "$arg"; count=$((count - 1)); done;',
+        r"IFS= read -r script || exit 64;",
+        r"""out=$(printf '%s\n' "$script" | base64 -d | sbatch "$@" 2>"$err"); rc=$?;""",
+        r"""[ "$rc" -eq 0 ] || out=$(tr '\r\n' '  ' <"$err");""",
+        r"""printf '%s %s %s\n' "$token" "$rc" "$out";""",
+        r"done",
+    )
+)
+BATCH_EXIT_PROTOCOL, BATCH_EXIT_MKDIR, BATCH_EXIT_MKTEMP = 64, 65, 66
+SBATCH_ID_RE = re.compile(r"([0-9]+)(;\S+)?")  # --parsable: "123" or "123;cluster"
+
+
+def check_line(value: str, what: str) -> str:
+    """A value sent as one line of the batch's stdin: a line break would shift every field after it."""
+    if "\n" in value or "\r" in value or "\0" in value:
+        raise BackendError(f"refusing a line break or NUL byte in {what}")
+    return value
+
+
+def batch_job_lines(token: str, argv: list[str], script: str) -> str:
+    """One job's part of the batch's stdin; argv are sbatch's arguments (without "sbatch")."""
+    lines = [check_token(token), str(len(argv)), *(check_line(arg, "an sbatch argument") for arg in argv)]
+    lines.append(base64.b64encode(script.encode()).decode())
+    return "".join(f"{line}\n" for line in lines)
+
+
+def batch_stdin(directories: list[str], jobs: list[str]) -> str:
+    """The whole stdin: the directories to create, then the jobs' parts (batch_job_lines)."""
+    head = [str(len(directories)), *(check_line(path, "a job directory") for path in directories)]
+    return "".join(f"{line}\n" for line in head) + "".join(jobs)
+
+
+def batch_answers(stdout: str) -> dict[str, tuple[int, str]]:
+    """Per token, sbatch's exit status and its answer (the job id, or its error message)."""
+    answers = {}
+    for line in stdout.splitlines():
+        token, _space, rest = line.partition(" ")
+        rc, _space, text = rest.partition(" ")
+        if TOKEN_RE.fullmatch(token) and rc.isdigit():
+            answers[token] = (int(rc), text.strip())
+    return answers
+
+
+def sbatch_job_id(answer: str) -> str | None:
+    """The job id in what sbatch --parsable printed on stdout, or None."""
+    words = answer.split()
+    found = SBATCH_ID_RE.fullmatch(words[-1]) if words else None
+    return found[1] if found else None

@@ -16,6 +16,7 @@ import shlex
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ TRANSIENT_MARKERS = (
 @dataclass(frozen=True)
 class CommandResult:
     argv: list[str]
-    rc: int
+    rc: int | None  # None: cut off (run(partial=True)), its exit unknown
     stdout: str
     stderr: str
 
@@ -62,7 +63,7 @@ def failure(result: CommandResult) -> BackendError:
     message = result.message
     if not message.startswith(f"{result.argv[0]}:"):
         message = f"{result.argv[0]}: {message}"
-    if result.rc < 0 or any(marker in message.lower() for marker in TRANSIENT_MARKERS):
+    if result.rc is None or result.rc < 0 or any(marker in message.lower() for marker in TRANSIENT_MARKERS):
         return BackendUnavailable(message)
     return BackendError(message)
 
@@ -85,6 +86,7 @@ class _Pooled:
 # parent's socket, so an entry inherited across fork() is dropped (not closed) and replaced.
 _POOL: dict[str, _Pooled] = {}
 _POOL_LOCK = threading.Lock()
+_COMMANDS: Counter[str] = Counter()  # cluster slug → commands sent by this process
 
 
 def _fingerprint(config: ClusterConfig) -> str:
@@ -250,19 +252,28 @@ def run(
     connect_timeout_s: float,
     timeout_s: float,
     record: list[list[str]],
+    partial: bool = False,
 ) -> CommandResult:
     """Run argv on the login node and wait for it, at most timeout_s in all. The argv is
-    appended to `record` once the command was sent."""
+    appended to `record` once the command was sent.
+
+    A command that outlives timeout_s, or whose connection breaks once it was sent, raises
+    BackendUnavailable; with `partial`, it returns what it printed so far instead, with rc
+    None: the caller reads how far the command got (a batch of sbatch calls does)."""
     for arg in argv:
         if "\0" in arg or "\n" in arg or "\r" in arg:
             raise BackendError(f"refusing a line break or NUL byte in an argument of {argv[0]}")
     channel = open_channel(config, connect_timeout_s)
     deadline = time.monotonic() + timeout_s
     stdout, stderr = bytearray(), bytearray()
+    sent = False
     try:
         channel.settimeout(timeout_s)
+        sent = True  # from here on the command may run, whether or not sshd's answer arrives
         channel.exec_command(shlex.join(argv))
         record.append(list(argv))
+        with _POOL_LOCK:
+            _COMMANDS[config.slug] += 1
         if stdin is not None:
             channel.sendall(stdin.encode())
         channel.shutdown_write()
@@ -271,22 +282,42 @@ def run(
                 stdout += channel.recv(65536)
             while channel.recv_stderr_ready():
                 stderr += channel.recv_stderr(65536)
-            if channel.exit_status_ready() and channel.eof_received:
+            if channel.eof_received and channel.exit_status_ready():
                 if not (channel.recv_ready() or channel.recv_stderr_ready()):
                     break
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
-            # the channel's fd wakes us on stdout data and on close; stderr alone within 50 ms
-            select.select([channel], [], [], min(remaining, 0.05))
+            if channel.eof_received:
+                # Nothing but the exit status can come after EOF, and the channel's fd stays
+                # readable from EOF on: waiting on it here would spin until sshd reaps the command.
+                channel.status_event.wait(min(remaining, 0.5))
+            else:
+                # the channel's fd wakes us on stdout and stderr data, on EOF and on close
+                select.select([channel], [], [], min(remaining, 0.5))
         rc = channel.recv_exit_status()
     except TimeoutError:
+        if partial and sent:
+            return _partial(argv, stdout, stderr, f"did not finish within {timeout_s:g}s")
         raise BackendUnavailable(
             f"{argv[0]} on {config.ssh_host} did not finish within {timeout_s:g}s"
         ) from None
     except (paramiko.SSHException, EOFError, OSError) as exc:
+        if partial and sent:
+            return _partial(argv, stdout, stderr, f"connection lost: {exc or type(exc).__name__}")
         raise BackendUnavailable(f"{argv[0]} on {config.ssh_host}: {exc or type(exc).__name__}") from None
     finally:
         channel.close()
     return CommandResult(argv, rc, stdout.decode(errors="replace"), stderr.decode(errors="replace"))
+
+
+def _partial(argv: list[str], stdout: bytearray, stderr: bytearray, why: str) -> CommandResult:
+    text = stderr.decode(errors="replace")
+    return CommandResult(argv, None, stdout.decode(errors="replace"), f"{text}\n{argv[0]}: {why}".lstrip())
+
+
+def commands_run(slug: str) -> int:
+    """Remote commands this process sent to the cluster: a scheduler call is one command."""
+    with _POOL_LOCK:
+        return _COMMANDS[slug]
