@@ -1,6 +1,10 @@
 """Reads of the catalog. GPU models, scenarios and clusters are the same for every signed-in
 user (quota, not visibility, decides who may use them), so nothing here filters by tenant."""
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.db import connection
 from django.db.models import Prefetch, QuerySet
 
 from clusters.models import Cluster, GpuModel, Partition, Scenario, ScenarioGpu
@@ -34,3 +38,45 @@ def cluster_list() -> QuerySet[Cluster]:
         .only("id", "slug", "name", "kind", "healthy")
         .prefetch_related(Prefetch("partitions", queryset=partitions.order_by("name")))
     )
+
+
+@dataclass(frozen=True)
+class CatalogNames:
+    """Slugs of scenarios, GPU models and clusters and names of partitions, by id."""
+
+    scenario: dict[int, str]
+    gpu_model: dict[int, str]
+    cluster: dict[int, str]
+    partition: dict[int, str]
+
+
+def catalog_names(rows: Iterable) -> CatalogNames:
+    """The catalog's names that these rows (jobs, say) refer to by scenario_id, gpu_model_id,
+    cluster_id and partition_id, in one query whatever the number of rows: reading them apart
+    from the rows keeps four joins out of every job query, which PostgreSQL took longer to plan
+    than to run. Plain SQL: the ORM's union of four querysets cost more to build than the rest
+    of a job's answer. Table and column names come from the models, the ids are parameters."""
+    rows = list(rows)
+    names: dict[str, dict[int, str]] = {kind: {} for kind, _model, _column in _CATALOG}
+    selects, params = [], []
+    for index, (kind, model, column) in enumerate(_CATALOG):
+        ids = sorted({pk for row in rows if (pk := getattr(row, f"{kind}_id")) is not None})
+        if ids:
+            table, column = connection.ops.quote_name(model._meta.db_table), connection.ops.quote_name(column)
+            marks = ", ".join(["%s"] * len(ids))
+            selects.append(f"SELECT {index}, id, {column} FROM {table} WHERE id IN ({marks})")  # noqa: S608
+            params += ids
+    if selects:
+        with connection.cursor() as cursor:
+            cursor.execute(" UNION ALL ".join(selects), params)
+            for index, pk, name in cursor.fetchall():
+                names[_CATALOG[index][0]][pk] = name
+    return CatalogNames(**names)
+
+
+_CATALOG = (
+    ("scenario", Scenario, "slug"),
+    ("gpu_model", GpuModel, "slug"),
+    ("cluster", Cluster, "slug"),
+    ("partition", Partition, "name"),
+)

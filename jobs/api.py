@@ -12,7 +12,7 @@ from jobs import services
 from jobs.filters import JobFilter
 from jobs.job_templates import TEMPLATES
 from jobs.models import Job
-from jobs.selectors import job_is_own_or_managed, jobs_visible_to, usage_of
+from jobs.selectors import job_is_own_or_managed, jobs_answered_to, jobs_visible_to, usage_of
 from jobs.serializers import (
     JobDetailOut,
     JobEventOut,
@@ -41,7 +41,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     lookup_value_regex = ID_LOOKUP
 
     def get_queryset(self):
-        return jobs_visible_to(user=self.request.user)
+        if self.action in ("events", "log"):  # these read the job's cluster, token and events
+            return jobs_visible_to(user=self.request.user)
+        return jobs_answered_to(user=self.request.user, detail=self.action == "retrieve")
+
+    def filter_queryset(self, queryset):
+        # The list's filters are the list's: on one job they would only build a FilterSet's form.
+        return super().filter_queryset(queryset) if self.action == "list" else queryset
 
     @extend_schema(responses=JobDetailOut)
     def retrieve(self, request, pk=None):
@@ -75,7 +81,6 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             idempotency_key=key,
             digest=services.request_digest(request.data) if key else "",
         )
-        job = self.get_queryset().get(pk=job.pk)
         return Response(JobOut(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @extend_schema(request=None, responses={202: JobOut})

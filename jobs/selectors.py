@@ -6,12 +6,34 @@ from django.db.models.functions import TruncDate
 
 from jobs.models import Job, JobEvent, JobState
 from tenants import roles
-from tenants.selectors import tenant_ids_visible_to, tenant_perms
+from tenants.selectors import tenant_id_list, tenant_ids_visible_to, tenant_perms
 
 
 def jobs_visible_to(*, user: AbstractBaseUser) -> QuerySet[Job]:
     return Job.objects.filter(tenant_id__in=tenant_ids_visible_to(user=user)).select_related(
         "tenant", "scenario", "gpu_model", "cluster", "partition", "submitted_by"
+    )
+
+
+# What the API's job answers read (JobOut, JobDetailOut): the catalog's names come apart
+# (clusters.selectors.catalog_names), since joining four more tables into every job query cost
+# PostgreSQL more to plan than the query took to run (docs/performance.md).
+API_JOB_FIELDS = (
+    *("id", "tenant__slug", "name", "scenario_id", "gpu_model_id", "gpus", "nodes", "walltime_minutes"),
+    *("priority", "state", "reason", "cluster_id", "partition_id", "backend_id", "submitted_by__username"),
+    *("created", "started_at", "finished_at", "exit_code", "gpu_hours", "reserved_gpu_hours"),
+)
+API_JOB_DETAIL_FIELDS = ("raw_state", "node_list", "template", "parameters", "env", "script")
+
+
+def jobs_answered_to(*, user: AbstractBaseUser, detail: bool = False) -> QuerySet[Job]:
+    """jobs_visible_to for the API: the caller's tenants as a list of ids, two joins (tenant,
+    submitter) and the columns the answer shows; `detail` adds the script, env and the rest."""
+    fields = (*API_JOB_FIELDS, *API_JOB_DETAIL_FIELDS) if detail else API_JOB_FIELDS
+    return (
+        Job.objects.filter(tenant_id__in=tenant_id_list(user=user))
+        .select_related("tenant", "submitted_by")
+        .only(*fields)
     )
 
 

@@ -1,11 +1,13 @@
 from datetime import timedelta
 
 from django.conf import settings
+from django.db.models import Manager
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from clusters.models import Cluster, GpuModel, Scenario
+from clusters.selectors import catalog_names
 from jobs.models import Job, JobEvent, Priority, job_name_validator
 from jobs.services.submit import MAX_ENV
 from portal.core.serializers import NO_NUL, SlugRef, StrictCharField, StrictIntegerField
@@ -63,13 +65,43 @@ class JobIn(serializers.Serializer):
         return fields
 
 
+class CatalogNameField(serializers.CharField):
+    """The slug (a partition: the name) of the catalog row the job names by `<kind>_id`. The
+    names come from one query per answer (clusters.selectors.catalog_names), kept in the
+    serializer's context: JobListOut reads them for the whole page at once."""
+
+    def __init__(self, kind: str, **kwargs) -> None:
+        self.kind = kind
+        super().__init__(read_only=True, **kwargs)
+
+    def get_attribute(self, instance: Job) -> Job:
+        return instance
+
+    def to_representation(self, job: Job) -> str:
+        pk = getattr(job, f"{self.kind}_id")
+        names = self.context.get(CATALOG_NAMES)
+        if names is None or pk not in getattr(names, self.kind):
+            names = self.context[CATALOG_NAMES] = catalog_names([job])
+        return getattr(names, self.kind)[pk]
+
+
+CATALOG_NAMES = "catalog_names"
+
+
+class JobListOut(serializers.ListSerializer):
+    def to_representation(self, data):
+        jobs = list(data.all() if isinstance(data, Manager) else data)
+        self.context[CATALOG_NAMES] = catalog_names(jobs)
+        return super().to_representation(jobs)
+
+
 class JobOut(serializers.ModelSerializer):
     id = serializers.CharField(read_only=True)
     tenant = serializers.CharField(source="tenant.slug")
-    scenario = serializers.CharField(source="scenario.slug")
-    gpu_model = serializers.CharField(source="gpu_model.slug")
-    cluster = serializers.CharField(source="cluster.slug")
-    partition = serializers.CharField(source="partition.name")
+    scenario = CatalogNameField("scenario")
+    gpu_model = CatalogNameField("gpu_model")
+    cluster = CatalogNameField("cluster")
+    partition = CatalogNameField("partition")
     submitted_by = serializers.CharField(source="submitted_by.username", default=None, allow_null=True)
     gpu_hours = serializers.DecimalField(
         max_digits=12, decimal_places=4, coerce_to_string=False, allow_null=True
@@ -80,6 +112,7 @@ class JobOut(serializers.ModelSerializer):
 
     class Meta:
         model = Job
+        list_serializer_class = JobListOut
         fields = [
             "id",
             "tenant",

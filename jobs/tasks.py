@@ -1,7 +1,10 @@
 """Thin Celery tasks: ids in, one service each. Each is safe to run twice."""
 
+import contextlib
+
 from celery import shared_task
 from django.conf import settings
+from django.core.cache import cache
 from django.db.models import Q
 
 from clusters.backends.base import BackendUnavailable
@@ -9,6 +12,8 @@ from clusters.backends.slurm.backend import PURGE_TIMEOUT_S
 from clusters.models import Cluster
 from jobs import services
 from jobs.models import Job
+from jobs.services.dispatch import jobs_dispatch
+from jobs.services.submit import admit_mark
 from jobs.states import ACTIVE_IN_SCHEDULER
 from tenants.models import Tenant
 
@@ -27,9 +32,19 @@ RETRY = {
     time_limit=settings.JOB_DISPATCH_TIME_LIMIT_S,
     **RETRY,
 )
-def dispatch_job(*, job_id: int) -> None:
-    """QUEUED → SUBMITTING → PENDING; the lease and find(token) make a second run harmless."""
-    services.job_dispatch(job_id=job_id)
+def dispatch_job(*, job_id: int) -> int:
+    """QUEUED → SUBMITTING → PENDING, for the job and, in the same batch, others of its cluster
+    that wait (services.jobs_dispatch); the leases and find(token) make a second run harmless."""
+    return jobs_dispatch(job_id=job_id, retry=dispatch_job.request.retries > 0)
+
+
+@shared_task(acks_late=True, soft_time_limit=50, time_limit=60)
+def admit_partition(*, partition_id: int) -> int:
+    """Admission on a partition that a submission found busy (services.jobs_admit_soon): the mark
+    goes first, so that a submission from now on sends another task if it needs one."""
+    with contextlib.suppress(Exception):  # the cache's own errors differ; the mark runs out anyway
+        cache.delete(admit_mark(partition_id))
+    return len(services.jobs_admit(partition_id=partition_id))
 
 
 @shared_task(acks_late=True, soft_time_limit=60, time_limit=90, **RETRY)

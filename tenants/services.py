@@ -341,7 +341,7 @@ def quota_requests_expire(*, today: date | None = None) -> int:
 
 def grant_for_update(*, grant_id: int) -> QuotaGrant:
     """The grant row, locked until the transaction ends: every ledger change goes through it."""
-    return QuotaGrant.objects.select_for_update().get(pk=grant_id)
+    return QuotaGrant.objects.select_for_update(no_key=True).get(pk=grant_id)
 
 
 @transaction.atomic

@@ -134,7 +134,7 @@ def _cancel(job_id: int, *, still: Q, reason: str) -> bool:
         partition_id = Job.objects.values_list("partition_id", flat=True).get(pk=job_id)
         # Lock order partition → job → grant, as admission and job_finish: cancelling a QUEUED
         # job settles its grant at once.
-        Partition.objects.select_for_update().get(pk=partition_id)
+        Partition.objects.select_for_update(no_key=True).get(pk=partition_id)
         job = Job.objects.select_for_update(of=("self",)).filter(still, pk=job_id).first()
         if job is None:
             return False

@@ -1,5 +1,8 @@
 """Submit and admit (DESIGN.md, Flow of one job, steps 1 and 2). Locks are taken in one order,
-partition → job → grant, so that submission, admission and settlement never deadlock."""
+partition → job → grant, so that submission, admission and settlement never deadlock. Partition
+and grant rows are locked FOR NO KEY UPDATE: admission and the ledger still serialise on them,
+and a submission may meanwhile insert a job that refers to them (the foreign key's check takes
+FOR KEY SHARE, which a plain FOR UPDATE would make wait)."""
 
 import hashlib
 import json
@@ -11,6 +14,7 @@ from decimal import ROUND_CEILING, Decimal
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -18,7 +22,7 @@ from clusters.models import Cluster, GpuModel, Partition, Scenario
 from jobs import admission
 from jobs.job_templates import TemplateInvalid, render_template
 from jobs.models import Job, JobEvent, JobState, Priority
-from jobs.services.common import _send
+from jobs.services.common import _send, log
 from portal.core.errors import Conflict, Invalid
 from portal.core.services import audit_record
 from tenants.errors import NoQuota, QuotaExhausted, TenantSuspended
@@ -99,6 +103,8 @@ def _pick_partition(request: JobRequest) -> Partition:
     if not candidates:
         field_name = "partition" if request.partition else "cluster" if request.cluster else "gpu_model"
         raise Invalid({field_name: f"No enabled partition offers {request.gpu_model.slug} here."})
+    if len(candidates) == 1:
+        return candidates[0]
     free = {p.pk: p.gpus_total - admission.gpus_held_on(p.pk) for p in candidates}
     return max(candidates, key=lambda p: (p.cluster.healthy, free[p.pk], -p.pk))
 
@@ -258,13 +264,15 @@ def _earlier(user: AbstractBaseUser, idempotency_key: str, digest: str) -> Job |
 def job_submit(
     *, user: AbstractBaseUser, request: JobRequest, idempotency_key: str = "", digest: str = ""
 ) -> tuple[Job, bool]:
-    """A QUEUED job with GPUs × walltime reserved on the tenant's grant, admitted at once when
-    its GPUs are free (dispatch follows on commit) or left waiting with reason quota_wait or
-    capacity_wait. Returns (job, created): a repeated Idempotency-Key returns the first job."""
+    """A QUEUED job with GPUs × walltime reserved on the tenant's grant, then admission on its
+    partition: at once when its GPUs are free (dispatch follows) or left waiting with reason
+    quota_wait or capacity_wait. Should another submission or end be admitting on the partition
+    at that moment, the admit task does it right after (jobs_admit_soon). Returns (job,
+    created): a repeated Idempotency-Key returns the first job."""
     if idempotency_key and (earlier := _earlier(user, idempotency_key, digest)):
         return earlier, False
     try:
-        return _submit(user=user, request=request, idempotency_key=idempotency_key, digest=digest), True
+        job = _submit(user=user, request=request, idempotency_key=idempotency_key, digest=digest)
     except IntegrityError:
         # The same key from the same user at the same instant: the other request won, and this
         # one's transaction (its reservation included) rolled back whole.
@@ -272,15 +280,16 @@ def job_submit(
         if earlier is None:
             raise
         return earlier, False
+    jobs_admit_soon(partition_id=job.partition_id)
+    job.refresh_from_db(fields=["state", "reason", "holds_gpus"])  # what admission may have changed
+    return job, True
 
 
 @transaction.atomic
 def _submit(*, user: AbstractBaseUser, request: JobRequest, idempotency_key: str, digest: str) -> Job:
+    """The job, its reservation (the grant's row lock), event and audit, in one transaction that
+    takes no partition lock: submissions to one partition do not wait for each other."""
     partition, script = _checked(request)
-    # Lock order: the partition first (admission serializes on it), then the grant.
-    partition = (
-        Partition.objects.select_for_update(of=("self",)).select_related("cluster").get(pk=partition.pk)
-    )
     hours = _gpu_hours(request)
     grant = _reserve(request, hours)
     cpus, mem = _cpus(request, partition), _mem(request, partition)
@@ -315,8 +324,6 @@ def _submit(*, user: AbstractBaseUser, request: JobRequest, idempotency_key: str
         tenant=request.tenant,
         data={"gpus": job.gpus, "gpu_model": request.gpu_model.slug, "gpu_hours_reserved": str(hours)},
     )
-    _admit(partition)
-    job.refresh_from_db()
     return job
 
 
@@ -355,16 +362,22 @@ def _admit(partition: Partition) -> list[int]:
     """Give free GPUs to waiting jobs in admission order; the caller holds the partition lock.
 
     A job held back by its own tenant (a full grant, a suspended tenant, an ended grant) is
-    skipped; the first that waits for the partition's capacity stops the line."""
+    skipped; the first that waits for the partition's capacity stops the line. With no GPU
+    free nobody can start, and only the jobs that have no reason yet (just submitted) get one."""
+    free = partition.gpus_total - admission.gpus_held_on(partition.pk)
+    if free <= 0:
+        _mark_waiting(partition)
+        return []
     waiting = admission.waiting_on(partition.pk)
     # Every grant this pass may touch, locked in one statement in id order: two admissions on
     # partitions that share a grant then queue on it instead of deadlocking.
     locked = (
-        QuotaGrant.objects.select_for_update().filter(pk__in={j.grant_id for j in waiting}).order_by("pk")
+        QuotaGrant.objects.select_for_update(no_key=True)
+        .filter(pk__in={j.grant_id for j in waiting})
+        .order_by("pk")
     )
     grants = {grant.pk: grant for grant in locked}
     today = timezone.localdate()
-    free = partition.gpus_total - admission.gpus_held_on(partition.pk)
     admitted = []
     for job in admission.admission_order(waiting):
         before = job.reason
@@ -390,9 +403,62 @@ def _admit(partition: Partition) -> list[int]:
     return admitted
 
 
+def _mark_waiting(partition: Partition) -> None:
+    """The reasons _admit would give, with no GPU free, to the waiting jobs that have none:
+    held back by their tenant, quota_wait on a full grant, else capacity_wait."""
+    new = list(
+        Job.objects.select_for_update(of=("self",))
+        .filter(partition_id=partition.pk, state=JobState.QUEUED, holds_gpus=False, reason="")
+        .select_related("tenant", "grant")
+    )
+    today = timezone.localdate()
+    for job in new:
+        job.reason = job_held_back(job, grant=job.grant, today=today) or (
+            admission.QUOTA_WAIT
+            if job.grant.gpus_in_use + job.gpus > job.grant.gpus
+            else admission.CAPACITY_WAIT
+        )
+        job.save(update_fields=["reason"])
+
+
 @transaction.atomic
 def jobs_admit(*, partition_id: int) -> list[int]:
     """Admit what fits on the partition now; returns the admitted job ids."""
     return _admit(
-        Partition.objects.select_for_update(of=("self",)).select_related("cluster").get(pk=partition_id)
+        Partition.objects.select_for_update(no_key=True, of=("self",))
+        .select_related("cluster")
+        .get(pk=partition_id)
     )
+
+
+# How long a sent admit task stands for the partition's next pass: submissions meanwhile send none.
+ADMIT_PENDING_S = 30
+
+
+def jobs_admit_soon(*, partition_id: int) -> None:
+    """Admission on the partition after a submission: here and now when nobody else holds the
+    partition, else (another submission or an end is admitting there) by the admit task, which
+    waits for the lock and then sees this job. One such task at a time per partition: the first
+    submission to find the partition busy sends it, and the task clears the mark as it starts.
+    A mark whose task was lost runs out after ADMIT_PENDING_S; the sweep admits meanwhile."""
+    with transaction.atomic():
+        partition = (
+            Partition.objects.select_for_update(no_key=True, of=("self",), skip_locked=True)
+            .select_related("cluster")
+            .filter(pk=partition_id)
+            .first()
+        )
+        if partition is not None:
+            _admit(partition)
+            return
+    try:
+        first = cache.add(admit_mark(partition_id), 1, ADMIT_PENDING_S)
+    except Exception as exc:  # the cache's own errors (Redis down) differ by backend
+        log.warning("admit mark unavailable, sending the admit task anyway: %s", exc.__class__.__name__)
+        first = True
+    if first:
+        _send("jobs.tasks.admit_partition", partition_id=partition_id)
+
+
+def admit_mark(partition_id: int) -> str:
+    return f"jobs:admit-pending:{partition_id}"
