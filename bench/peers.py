@@ -24,6 +24,7 @@ from pathlib import Path
 
 from clusters.backends.base import ClusterConfig
 from clusters.backends.slurm import ssh
+from tests.testbed.env import testbed_config
 
 BEGIN = "now+30days"  # sbatch --begin syntax; slurmrestd 22.05 parses begin_time the same way
 SCRIPT = "#!/bin/bash\ntrue\n"
@@ -52,16 +53,7 @@ def read_env_file(path: Path) -> dict[str, str]:
 def ssh_config_from_env(env: dict[str, str]) -> ClusterConfig:
     """The ClusterConfig of the testbed as its env file describes it, the same fields as
     manage.py register_testbed stores, so that the SSH peer takes the portal's own path."""
-    return ClusterConfig(
-        slug="testbed-bench",
-        kind="slurm",
-        ssh_host=env["SLURM_TESTBED_HOST"],
-        ssh_port=int(env["SLURM_TESTBED_PORT"]),
-        ssh_user=env["SLURM_TESTBED_USER"],
-        ssh_known_hosts=Path(env["SLURM_TESTBED_KNOWN_HOSTS"]).read_text(),
-        ssh_private_key=Path(env["SLURM_TESTBED_KEY_FILE"]).read_text(),
-        slurm_cluster_name=env["SLURM_TESTBED_CLUSTER"],
-    )
+    return testbed_config(env, slug="testbed-bench")
 
 
 def _run(config: ClusterConfig, argv: list[str], stdin: str | None = None) -> str:

@@ -87,13 +87,14 @@ def testbed_env() -> dict[str, str]:
 testbed_env.__test__ = False  # type: ignore[attr-defined]  # not a test, despite its name
 
 
-def testbed_config(**overrides):
-    """The ClusterConfig that reaches the testbed over SSH as the portal's user."""
+def testbed_config(env: dict[str, str] | None = None, **overrides):
+    """The ClusterConfig that reaches the testbed over SSH as the portal's user, from its env
+    file (testbed_env() unless given): the fields manage.py register_testbed stores."""
     from dataclasses import replace
 
     from clusters.backends.base import ClusterConfig
 
-    env = testbed_env()
+    env = env or testbed_env()
     config = ClusterConfig(
         slug="slurm-testbed",
         kind="slurm",
