@@ -28,6 +28,10 @@ Mix of phase e, in % of requests: list jobs (state filter, page of 50) 35, get a
 quotas 10, me 10, submit 10, cancel a job the same user submitted earlier in the run 5 (its newest;
 409 conflict, the job ended meanwhile, is the contract's answer and counts as success).
 
+Before each open-loop phase the run waits, untimed and for at most 3 minutes, until the stack's
+Celery queue is empty and CPU pressure is below 20 %: a phase's figures are then its own, not the
+dispatches left over from the phase before.
+
 Every job this run submits is cancelled at the end (the peers' jobs never start: bench/peers.py).
 RSS of the gunicorn and Celery processes (pid files in --stack-dir) is sampled every
 --rss-interval seconds; a long --duration on phase e gives the "flat over 30 minutes" figure.
@@ -48,12 +52,14 @@ from collections import defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
+import redis
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import peers  # noqa: E402
 from bench.figures import Recorder, print_summary, print_table, targets  # noqa: E402
-from bench.rss import RssSampler, cpu_pressure  # noqa: E402
+from bench.rss import RssSampler, cpu_pressure, cpu_some_avg10  # noqa: E402
 
 SUBMIT_ROLES = {"owner", "manager", "member"}
 ACTIVE_STATES = ("QUEUED", "SUBMITTING", "PENDING", "RUNNING", "CANCELLING")
@@ -62,6 +68,8 @@ MIX = (("list_jobs", 35), ("get_job", 30), ("list_quotas", 10), ("me", 10), ("su
 SCRIPT = "#!/bin/bash\ntrue\n"
 WARM_CALLS = 50  # untimed calls of each kind before the first phase
 DRAIN_S = 60.0  # after a phase's last arrival, how long its requests may still take
+SETTLE_MAX_S = 180.0  # before a phase, how long to wait for the previous one's backlog to clear
+SETTLE_PRESSURE = 20.0  # "quiet": CPU pressure (PSI some avg10) below this, in %
 RNG = random.Random(1)  # noqa: S311  (seeded: the same picks run after run; nothing secret)
 
 
@@ -184,6 +192,8 @@ class Load:
         self.rest = peers.SlurmRestd.for_testbed(self.env, self.ssh_config, lifespan_s=lifespan)
         self.sbatch = peers.SbatchOverSsh.for_testbed(self.env, self.ssh_config)
         self.peer_ids: list[str] = []  # every peer job of the run, cancelled at the end
+        # the stack's broker (scripts/stack env sets REDIS_URL): its queue length tells a backlog
+        self.broker = redis.Redis.from_url(os.environ["REDIS_URL"]) if os.environ.get("REDIS_URL") else None
         self.run_id = uuid.uuid4().hex[:8]  # in the peers' job names, for a sweep by name at the end
         self.rest_name, self.ssh_name = f"lb-rest-{self.run_id}", f"lb-ssh-{self.run_id}"
         self.rest_get_ids: list[str] = []
@@ -321,7 +331,26 @@ class Load:
                 pick()[1]()
 
     # -------------------------------------------------------------- phases --
+    def settle(self, key: str) -> None:
+        """Before a phase: wait (at most SETTLE_MAX_S) until the Celery queue is empty and the CPU
+        quiet, so that a phase's figures are its own and not the backlog of the one before (the
+        dispatches of phase b's 3,000 jobs, say). Untimed; the wait is printed."""
+        started = time.monotonic()
+        queue = self.args.broker_queue
+        while time.monotonic() - started < SETTLE_MAX_S:
+            backlog = self.broker.llen(queue) if self.broker is not None else 0
+            pressure = cpu_some_avg10()
+            if not backlog and (pressure is None or pressure < SETTLE_PRESSURE):
+                break
+            time.sleep(1)
+        else:
+            print(f"\n  (phase {key}: still busy after {SETTLE_MAX_S:g} s; starting anyway)")
+        print(
+            f"\n  (phase {key} starts after {time.monotonic() - started:.0f} s of settling: {cpu_pressure()})"
+        )
+
     def phase(self, key: str, title: str, streams) -> None:
+        self.settle(key)
         run_open_loop(key, streams, self.args.duration, self.args.senders, self.rec)
         rows, lag, machine = self.rec.stats(key), self.rec.lag_stats(key), cpu_pressure()
         print_table(f"{key}: {title}", rows, lag)
@@ -465,6 +494,9 @@ def main() -> None:
         "--senders", type=int, default=200, help="sender threads (the most requests in flight)"
     )
     parser.add_argument("--rss-interval", type=float, default=5.0)
+    parser.add_argument(
+        "--broker-queue", default="celery", help="the Celery queue whose backlog settle waits out"
+    )
     parser.add_argument("--keep-jobs", action="store_true", help="do not cancel the run's jobs at the end")
     parser.add_argument("--json", help="also write every figure to this file")
     args = parser.parse_args()

@@ -88,3 +88,11 @@ def cpu_pressure() -> str:
     except (OSError, IndexError):
         psi = "n/a"
     return f"CPU pressure {psi}; load average {os.getloadavg()[0]:.1f}"
+
+
+def cpu_some_avg10() -> float | None:
+    """PSI's "some avg10" for the CPU, in %, or None where the kernel has no PSI."""
+    try:
+        return float(Path("/proc/pressure/cpu").read_text().split()[1].partition("=")[2])
+    except (OSError, IndexError, ValueError):
+        return None

@@ -7,10 +7,12 @@ stops the line, so that a large job is not starved by a stream of small ones; a 
 by its own grant's concurrent limit (quota_wait) does not, since that limit is its tenant's
 alone."""
 
+import contextlib
 from datetime import timedelta
 from decimal import Decimal
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db.models import Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
@@ -26,8 +28,28 @@ QUOTA_WAIT = "quota_wait"
 CAPACITY_WAIT = "capacity_wait"
 
 
+# Fair-share usage moves by the day; a pass may read a tenant's from a minute ago.
+FAIR_SHARE_CACHE_S = 60
+
+
 def recent_usage(tenant_ids: set[int]) -> dict[int, Decimal]:
-    """Decayed GPU-hours of each tenant over the last 30 days, from one grouped query."""
+    """Decayed GPU-hours of each tenant over the last 30 days: from the cache where a pass of
+    the last minute computed it, the others from one grouped query. A queue of thousands makes
+    a pass after every job's end, and the query over a month of jobs was most of its cost."""
+    keys = {f"admission:fair-share:{tenant_id}": tenant_id for tenant_id in tenant_ids}
+    try:
+        usage = {keys[key]: value for key, value in cache.get_many(list(keys)).items()}
+    except Exception:  # the cache's own errors (Redis down) differ by backend: compute them all
+        usage = {}
+    if missing := tenant_ids - usage.keys():
+        computed = _recent_usage(missing)
+        usage |= computed
+        with contextlib.suppress(Exception):
+            cache.set_many({f"admission:fair-share:{k}": v for k, v in computed.items()}, FAIR_SHARE_CACHE_S)
+    return usage
+
+
+def _recent_usage(tenant_ids: set[int]) -> dict[int, Decimal]:
     now = timezone.now()
     rows = (
         Job.objects.filter(
@@ -46,8 +68,10 @@ def recent_usage(tenant_ids: set[int]) -> dict[int, Decimal]:
 
 
 def admission_order(jobs: list[Job]) -> list[Job]:
-    """Waiting jobs in the order they get GPUs (their tenants must be loaded)."""
-    usage = recent_usage({job.tenant_id for job in jobs})
+    """Waiting jobs in the order they get GPUs (their tenants must be loaded). Usage is read only
+    when the line holds more than one tenant: it orders tenants, never one tenant's own jobs."""
+    tenant_ids = {job.tenant_id for job in jobs}
+    usage = recent_usage(tenant_ids) if len(tenant_ids) > 1 else dict.fromkeys(tenant_ids, Decimal(0))
     return sorted(
         jobs,
         key=lambda job: (
@@ -61,11 +85,20 @@ def admission_order(jobs: list[Job]) -> list[Job]:
 
 
 def waiting_on(partition_id: int) -> list[Job]:
+    """The partition's waiting jobs, with what admission reads of them. Not locked row by row:
+    every change to a waiting job (admission, an end, a cleanup) holds the partition's lock, and
+    locking a queue of thousands on every pass cost more than the pass."""
     return list(
-        Job.objects.select_for_update(of=("self",))
-        .filter(partition_id=partition_id, state=JobState.QUEUED, holds_gpus=False)
+        Job.objects.filter(partition_id=partition_id, state=JobState.QUEUED, holds_gpus=False)
         .select_related("tenant")
+        .only(*WAITING_FIELDS)
     )
+
+
+WAITING_FIELDS = (
+    *("id", "grant_id", "gpus", "priority", "created", "reason", "holds_gpus", "state", "partition_id"),
+    *("tenant__tier", "tenant__state", "tenant__slug"),
+)
 
 
 def gpus_held_on(partition_id: int) -> int:

@@ -6,6 +6,7 @@ from decimal import Decimal
 
 from django.contrib.auth.models import AbstractBaseUser, Permission
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from clusters.models import GpuModel, Scenario, ScenarioGpu
@@ -344,33 +345,40 @@ def grant_for_update(*, grant_id: int) -> QuotaGrant:
     return QuotaGrant.objects.select_for_update(no_key=True).get(pk=grant_id)
 
 
-@transaction.atomic
-def grant_reserve(*, grant_id: int, gpu_hours: Decimal) -> QuotaGrant:
-    """Reserve GPU-hours for a job on an active grant, or raise QuotaExhausted with the figures.
+def grant_reserve(*, grant_id: int, gpu_hours: Decimal) -> None:
+    """Reserve GPU-hours for a job on an active grant of an active tenant, or raise
+    TenantSuspended or QuotaExhausted with the figures.
 
-    Reads and writes the locked row: fifty submissions at once each see the hours the others
-    already took, so together they never overshoot."""
-    grant = grant_for_update(grant_id=grant_id)
+    One conditional UPDATE: PostgreSQL locks the row and checks the condition again on the row
+    as the transaction before it left it, so fifty submissions at once each see the hours the
+    others took and together never overshoot (the CHECK constraint would refuse it anyway)."""
+    today = timezone.localdate()
+    reserved = QuotaGrant.objects.filter(
+        pk=grant_id,
+        starts_on__lte=today,
+        ends_on__gte=today,
+        gpu_hours__gte=F("gpu_hours_used") + F("gpu_hours_reserved") + gpu_hours,
+        tenant_id__in=Tenant.objects.filter(state=TenantState.ACTIVE).values("id"),
+    ).update(gpu_hours_reserved=F("gpu_hours_reserved") + gpu_hours)
+    if reserved:
+        return
+    grant = QuotaGrant.objects.select_related("tenant").get(pk=grant_id)
     _require_active(grant.tenant)
-    if not grant.active:
+    if not grant.is_active_on(today):
         raise QuotaExhausted(
             f"The grant runs from {grant.starts_on} to {grant.ends_on}.", extra={"grant": str(grant.pk)}
         )
-    if gpu_hours > grant.gpu_hours_remaining:
-        raise QuotaExhausted(
-            f"{gpu_hours} GPU-hours asked, {grant.gpu_hours_remaining} left on the grant.",
-            extra={
-                "grant": str(grant.pk),
-                "gpu_hours_requested": str(gpu_hours),
-                "gpu_hours_remaining": str(grant.gpu_hours_remaining),
-                "gpu_hours": str(grant.gpu_hours),
-                "gpu_hours_used": str(grant.gpu_hours_used),
-                "gpu_hours_reserved": str(grant.gpu_hours_reserved),
-            },
-        )
-    grant.gpu_hours_reserved += gpu_hours
-    grant.save(update_fields=["gpu_hours_reserved"])
-    return grant
+    raise QuotaExhausted(
+        f"{gpu_hours} GPU-hours asked, {grant.gpu_hours_remaining} left on the grant.",
+        extra={
+            "grant": str(grant.pk),
+            "gpu_hours_requested": str(gpu_hours),
+            "gpu_hours_remaining": str(grant.gpu_hours_remaining),
+            "gpu_hours": str(grant.gpu_hours),
+            "gpu_hours_used": str(grant.gpu_hours_used),
+            "gpu_hours_reserved": str(grant.gpu_hours_reserved),
+        },
+    )
 
 
 @transaction.atomic

@@ -20,7 +20,7 @@ from clusters.models import Cluster, Partition
 from clusters.services import backend_of, cluster_mark_health
 from jobs.models import Job, JobEvent, JobState
 from jobs.services.common import _move, _send, log
-from jobs.services.submit import jobs_admit
+from jobs.services.submit import jobs_admit_soon
 from jobs.states import ACTIVE_IN_SCHEDULER, END_STATES, check_move
 from portal.core.errors import Conflict, Unavailable
 from portal.core.services import audit_record
@@ -195,7 +195,7 @@ def _finish(partition_id: int, ends: dict[int, tuple[JobStatus | None, str]]) ->
         # them in turn for every row
         Job.objects.bulk_update(ended, _FINISHED_FIELDS, batch_size=100)
         if ended:
-            transaction.on_commit(lambda: jobs_admit(partition_id=partition_id))
+            transaction.on_commit(lambda: jobs_admit_soon(partition_id=partition_id))
     return len(ended)
 
 

@@ -192,9 +192,11 @@ def _reserve(request: JobRequest, hours: Decimal) -> QuotaGrant:
         _reserve_errors(request, hours)
     for grant in grants:
         try:
-            return grant_reserve(grant_id=grant.pk, gpu_hours=hours)
+            grant_reserve(grant_id=grant.pk, gpu_hours=hours)
         except QuotaExhausted as exc:
             exhausted = exc
+        else:
+            return grant
     raise exhausted
 
 
@@ -280,8 +282,7 @@ def job_submit(
         if earlier is None:
             raise
         return earlier, False
-    jobs_admit_soon(partition_id=job.partition_id)
-    job.refresh_from_db(fields=["state", "reason", "holds_gpus"])  # what admission may have changed
+    jobs_admit_soon(partition_id=job.partition_id, job=job)
     return job, True
 
 
@@ -354,19 +355,20 @@ def job_unadmit_if_held(job: Job) -> bool:
     job.holds_gpus, job.reason, job.dispatch_lease_until = False, held, None
     job.save(update_fields=["holds_gpus", "reason", "dispatch_lease_until"])
     partition_id = job.partition_id
-    transaction.on_commit(lambda: jobs_admit(partition_id=partition_id))  # its GPUs go to the next
+    transaction.on_commit(lambda: jobs_admit_soon(partition_id=partition_id))  # its GPUs go to the next
     return True
 
 
-def _admit(partition: Partition) -> list[int]:
+def _admit(partition: Partition, new: Job | None = None) -> list[int]:
     """Give free GPUs to waiting jobs in admission order; the caller holds the partition lock.
 
     A job held back by its own tenant (a full grant, a suspended tenant, an ended grant) is
     skipped; the first that waits for the partition's capacity stops the line. With no GPU
-    free nobody can start, and only the jobs that have no reason yet (just submitted) get one."""
+    free nobody can start, and only the jobs that have no reason yet (just submitted) get one:
+    `new` alone when given (a submission's own job, which then holds what the pass decided)."""
     free = partition.gpus_total - admission.gpus_held_on(partition.pk)
     if free <= 0:
-        _mark_waiting(partition)
+        _mark_waiting(partition, new)
         return []
     waiting = admission.waiting_on(partition.pk)
     # Every grant this pass may touch, locked in one statement in id order: two admissions on
@@ -397,28 +399,42 @@ def _admit(partition: Partition) -> list[int]:
             job.holds_gpus, job.reason = True, ""
             admitted.append(job.pk)
         if job.holds_gpus or job.reason != before:
-            job.save(update_fields=["reason", "holds_gpus"])
+            Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
+                reason=job.reason, holds_gpus=job.holds_gpus
+            )
     for job_id in admitted:
         _send("jobs.tasks.dispatch_job", job_id=job_id)
+    if new is not None and (decided := next((job for job in waiting if job.pk == new.pk), None)):
+        new.holds_gpus, new.reason = decided.holds_gpus, decided.reason
     return admitted
 
 
-def _mark_waiting(partition: Partition) -> None:
+def _mark_waiting(partition: Partition, new: Job | None) -> None:
     """The reasons _admit would give, with no GPU free, to the waiting jobs that have none:
-    held back by their tenant, quota_wait on a full grant, else capacity_wait."""
-    new = list(
+    held back by their tenant, quota_wait on a full grant, else capacity_wait. For a
+    submission's own job, one UPDATE from the tenant and grant the submission read."""
+    today = timezone.localdate()
+    if new is not None:
+        new.reason = _waiting_reason(new, today)
+        Job.objects.filter(pk=new.pk, state=JobState.QUEUED, holds_gpus=False, reason="").update(
+            reason=new.reason
+        )
+        return
+    jobs = list(
         Job.objects.select_for_update(of=("self",))
         .filter(partition_id=partition.pk, state=JobState.QUEUED, holds_gpus=False, reason="")
         .select_related("tenant", "grant")
     )
-    today = timezone.localdate()
-    for job in new:
-        job.reason = job_held_back(job, grant=job.grant, today=today) or (
-            admission.QUOTA_WAIT
-            if job.grant.gpus_in_use + job.gpus > job.grant.gpus
-            else admission.CAPACITY_WAIT
-        )
+    for job in jobs:
+        job.reason = _waiting_reason(job, today)
         job.save(update_fields=["reason"])
+
+
+def _waiting_reason(job: Job, today: date) -> str:
+    quota_full = job.grant.gpus_in_use + job.gpus > job.grant.gpus
+    return job_held_back(job, grant=job.grant, today=today) or (
+        admission.QUOTA_WAIT if quota_full else admission.CAPACITY_WAIT
+    )
 
 
 @transaction.atomic
@@ -435,12 +451,13 @@ def jobs_admit(*, partition_id: int) -> list[int]:
 ADMIT_PENDING_S = 30
 
 
-def jobs_admit_soon(*, partition_id: int) -> None:
-    """Admission on the partition after a submission: here and now when nobody else holds the
-    partition, else (another submission or an end is admitting there) by the admit task, which
-    waits for the lock and then sees this job. One such task at a time per partition: the first
-    submission to find the partition busy sends it, and the task clears the mark as it starts.
-    A mark whose task was lost runs out after ADMIT_PENDING_S; the sweep admits meanwhile."""
+def jobs_admit_soon(*, partition_id: int, job: Job | None = None) -> None:
+    """Admission on the partition after a submission or an end: here and now when nobody else
+    holds the partition (a submission's `job` then holds its outcome), else (another submission
+    or end is admitting there) by the admit task, which waits for the lock and then sees what
+    changed. One such task at a time per partition: the first to find the partition busy sends
+    it, and the task clears the mark as it starts. A mark whose task was lost runs out after
+    ADMIT_PENDING_S; the sweep admits meanwhile."""
     with transaction.atomic():
         partition = (
             Partition.objects.select_for_update(no_key=True, of=("self",), skip_locked=True)
@@ -449,7 +466,7 @@ def jobs_admit_soon(*, partition_id: int) -> None:
             .first()
         )
         if partition is not None:
-            _admit(partition)
+            _admit(partition, new=job)
             return
     try:
         first = cache.add(admit_mark(partition_id), 1, ADMIT_PENDING_S)

@@ -21,7 +21,10 @@ class HashedTokenAuthentication(BaseAuthentication):
             key = parts[1].decode("ascii")
         except UnicodeDecodeError:
             raise AuthenticationFailed("Invalid token.") from None
-        token = ApiToken.objects.select_related("user").filter(key_digest=token_digest(key)).first()
+        try:  # key_digest is unique: get(), not first(), which would order by id for nothing
+            token = ApiToken.objects.select_related("user").get(key_digest=token_digest(key))
+        except ApiToken.DoesNotExist:
+            token = None
         if token is None or not token.user.is_active:
             raise AuthenticationFailed("Invalid or revoked token.")
         token_touch(token=token)
