@@ -78,6 +78,9 @@ class CatalogNameField(serializers.CharField):
         return instance
 
     def to_representation(self, job: Job) -> str:
+        if Job._meta.get_field(self.kind).is_cached(job):  # a job just made holds its catalog rows
+            row = getattr(job, self.kind)
+            return row.name if self.kind == "partition" else row.slug
         pk = getattr(job, f"{self.kind}_id")
         names = self.context.get(CATALOG_NAMES)
         if names is None or pk not in getattr(names, self.kind):
