@@ -55,7 +55,7 @@ SCRIPT = "#!/bin/sh\ntrue\n"
 PARTITION = "a100"
 DRAIN_TIMEOUT_S = 1800  # the longest a dispatch run may take before the bench gives up
 CLEAN_TIMEOUT_S = 600  # for Slurm to forget the cancelled jobs' records (MinJobAge is 300 s)
-FORGET_OVER = 1000  # a run of more jobs waits at the end until slurmctld has forgotten them
+FORGET_OVER = 20_000  # a run of more jobs waits at the end until slurmctld has forgotten them
 
 
 @dataclass

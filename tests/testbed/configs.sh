@@ -78,6 +78,8 @@ SlurmctldTimeout=30
 SlurmdTimeout=60
 InactiveLimit=0
 MinJobAge=300
+# The dispatch bench holds 12,000 jobs PENDING at once (bench/dispatch.py); the default is 10,000.
+MaxJobCount=50000
 KillWait=5
 Waittime=0
 EOF
