@@ -6,9 +6,10 @@ for an unknown account.
     .venv/bin/python bench/accounts.py --site var/bench/site.json
 
 Run with the stack's settings (scripts/bench evaluates `scripts/stack env` first). Only tenants
-with no account yet are applied (one sacctmgr listing tells which), one after the other: about two
-seconds each on the testbed, so the first run on a fresh testbed takes minutes and later ones a
-second. (In parallel, sacctmgr refused users of accounts that another call had just added.)
+whose account lacks the portal's user are applied (one sacctmgr listing tells which), one after
+the other: about two seconds each on the testbed, so the first run on a fresh testbed takes
+minutes and later ones a second. (In parallel, sacctmgr refused users of accounts that another
+call had just added.)
 """
 
 from __future__ import annotations
@@ -50,9 +51,17 @@ def main() -> None:
         }
     )
     cluster = Cluster.objects.get(slug=site["cluster"])
-    listing = backend_of(cluster).check(["sacctmgr", "-n", "-P", "show", "account", "format=Account"])
-    existing = set(listing.split())  # sacctmgr keeps account names in lower case, as slugs are
-    missing = [slug for slug in slugs if slug not in existing]
+    # An account counts once the portal's SSH user is associated with it: tenant_apply adds the
+    # account, then the user, and an account whose user failed is applied again.
+    listing = backend_of(cluster).check(["sacctmgr", "-n", "-P", "show", "assoc", "format=Account,User"])
+    ready = {
+        account
+        for account, _, user in (row.partition("|") for row in listing.split())
+        if user == cluster.ssh_user
+    }
+    missing = [
+        slug for slug in slugs if slug not in ready
+    ]  # sacctmgr keeps names in lower case, as slugs are
     started = time.monotonic()
     for tenant_id in Tenant.objects.filter(slug__in=missing).values_list("pk", flat=True):
         tenant_apply(tenant_id=tenant_id, cluster_id=cluster.pk)

@@ -5,6 +5,7 @@ import contextlib
 from celery import shared_task
 from django.conf import settings
 from django.core.cache import cache
+from django.db import DatabaseError
 from django.db.models import Q
 
 from clusters.backends.base import BackendUnavailable
@@ -38,7 +39,15 @@ def dispatch_job(*, job_id: int) -> int:
     return jobs_dispatch(job_id=job_id, retry=dispatch_job.request.retries > 0)
 
 
-@shared_task(acks_late=True, soft_time_limit=50, time_limit=60)
+@shared_task(
+    acks_late=True,
+    soft_time_limit=50,
+    time_limit=60,
+    autoretry_for=(DatabaseError,),
+    retry_backoff=1,
+    retry_backoff_max=30,
+    max_retries=5,
+)
 def admit_partition(*, partition_id: int) -> int:
     """Admission on a partition that a submission found busy (services.jobs_admit_soon): the mark
     goes first, so that a submission from now on sends another task if it needs one."""

@@ -10,7 +10,7 @@ from decimal import Decimal
 
 import pytest
 from django.core.cache import cache
-from django.db import connections, transaction
+from django.db import connection, connections, transaction
 from django.utils import timezone
 from kombu import Connection
 
@@ -130,3 +130,33 @@ def test_with_no_gpu_free_only_the_new_jobs_get_a_reason(member, tenant, catalog
     Job.objects.filter(pk=small.pk).update(reason="earlier")  # a reason it has keeps
     job_submit(user=other, request=request_for(other_tenant, catalog, local_partition))
     assert Job.objects.get(pk=small.pk).reason == "earlier"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_admission_after_the_commit_still_answers_the_stored_job(
+    member, tenant, catalog, local_partition, grant, empty_queue
+):
+    """The job and its reservation are committed before admission runs: should admission fail
+    (here a PostgreSQL trigger refuses the reason's UPDATE), the submission still returns the job,
+    not a 500 that a client would retry into a second job, and the admit task takes over."""
+    big, _ = job_submit(user=member, request=request_for(tenant, catalog, local_partition, gpus=4))
+    assert big.holds_gpus  # the partition's 4 GPUs: the next job takes the no-GPU path
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION refuse_reason() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$"
+        )
+        cursor.execute(
+            "CREATE TRIGGER refuse_reason BEFORE UPDATE OF reason ON jobs_job "
+            "FOR EACH ROW WHEN (NEW.reason <> OLD.reason) EXECUTE FUNCTION refuse_reason()"
+        )
+    try:
+        job, created = job_submit(user=member, request=request_for(tenant, catalog, local_partition))
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER refuse_reason ON jobs_job")
+            cursor.execute("DROP FUNCTION refuse_reason()")
+    assert created and Job.objects.get(pk=job.pk).state == JobState.QUEUED
+    assert ("jobs.tasks.admit_partition", {"partition_id": local_partition.pk}) in sent_tasks()
+    assert admit_partition(partition_id=local_partition.pk) == 0
+    assert Job.objects.get(pk=job.pk).reason == "quota_wait"  # the grant's 4 GPUs are the big job's

@@ -152,6 +152,9 @@ def _claim_batch(job_id: int, *, cluster_id: int, limit: int) -> list[Job]:
         )
         grants = QuotaGrant.objects.in_bulk({job.grant_id for job in jobs})
         today = timezone.localdate()
+        held = {job.grant_id for job in jobs if job_held_back(job, grant=grants[job.grant_id], today=today)}
+        if held:  # their un-admission settles grants: lock them in id order first, as admission does
+            list(QuotaGrant.objects.select_for_update(no_key=True).filter(pk__in=held).order_by("pk"))
         for job in jobs:
             if job.state == JobState.QUEUED:
                 if job_held_back(job, grant=grants[job.grant_id], today=today) and job_unadmit_if_held(job):

@@ -1,8 +1,11 @@
 """Submit and admit (DESIGN.md, Flow of one job, steps 1 and 2). Locks are taken in one order,
-partition → job → grant, so that submission, admission and settlement never deadlock. Partition
-and grant rows are locked FOR NO KEY UPDATE: admission and the ledger still serialise on them,
-and a submission may meanwhile insert a job that refers to them (the foreign key's check takes
-FOR KEY SHARE, which a plain FOR UPDATE would make wait)."""
+the partition first and several grants in id order, so that submission, admission and
+settlement never deadlock: an end locks partition → jobs → grants; admission locks partition →
+grants and then writes the waiting jobs, which nobody locks without the partition's lock (a
+submission inserts its job and locks only its grant). Partition and grant rows are locked FOR
+NO KEY UPDATE: admission and the ledger still serialise on them, and a submission may meanwhile
+insert a job that refers to them (the foreign key's check takes FOR KEY SHARE, which a plain
+FOR UPDATE would make wait)."""
 
 import hashlib
 import json
@@ -15,7 +18,7 @@ from decimal import ROUND_CEILING, Decimal
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from clusters.models import Cluster, GpuModel, Partition, Scenario
@@ -282,7 +285,13 @@ def job_submit(
         if earlier is None:
             raise
         return earlier, False
-    jobs_admit_soon(partition_id=job.partition_id, job=job)
+    try:
+        jobs_admit_soon(partition_id=job.partition_id, job=job)
+    except DatabaseError as exc:  # the job is stored: its answer must not be a 500 a client retries
+        log.warning(
+            "admission after job %s failed, left to the admit task: %s", job.pk, exc.__class__.__name__
+        )
+        _send("jobs.tasks.admit_partition", partition_id=job.partition_id)
     return job, True
 
 
