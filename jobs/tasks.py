@@ -1,10 +1,7 @@
 """Thin Celery tasks: ids in, one service each. Each is safe to run twice."""
 
-import contextlib
-
 from celery import shared_task
 from django.conf import settings
-from django.core.cache import cache
 from django.db import DatabaseError
 from django.db.models import Q
 
@@ -14,7 +11,7 @@ from clusters.models import Cluster
 from jobs import services
 from jobs.models import Job
 from jobs.services.dispatch import jobs_dispatch
-from jobs.services.submit import admit_mark
+from jobs.services.submit import jobs_admit_marked
 from jobs.states import ACTIVE_IN_SCHEDULER
 from tenants.models import Tenant
 
@@ -49,11 +46,8 @@ def dispatch_job(*, job_id: int) -> int:
     max_retries=5,
 )
 def admit_partition(*, partition_id: int) -> int:
-    """Admission on a partition that a submission found busy (services.jobs_admit_soon): the mark
-    goes first, so that a submission from now on sends another task if it needs one."""
-    with contextlib.suppress(Exception):  # the cache's own errors differ; the mark runs out anyway
-        cache.delete(admit_mark(partition_id))
-    return len(services.jobs_admit(partition_id=partition_id))
+    """Admission on a partition that a submission or an end found busy (services.jobs_admit_soon)."""
+    return len(jobs_admit_marked(partition_id=partition_id))
 
 
 @shared_task(acks_late=True, soft_time_limit=60, time_limit=90, **RETRY)

@@ -149,6 +149,39 @@ def grant(tenant, catalog):
 
 
 @pytest.fixture
+def make_job(tenant, catalog):
+    """make_job(user, **fields): a QUEUED job of the tenant, submitted by the user, on a local
+    partition of 8 GPUs under a grant of 8 GPUs and 1000 GPU-hours (straight into the database)."""
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from django.utils import timezone
+
+    from clusters.models import Cluster, Partition
+    from jobs.models import Job
+    from tenants.models import QuotaGrant
+
+    scenario, gpu_model = catalog
+    cluster = Cluster.objects.create(slug="local", name="Local", kind="local", local_gpus=8)
+    partition = Partition.objects.create(
+        cluster=cluster, name="local", gpu_model=gpu_model, gpus_per_node=8, nodes=1, max_walltime_minutes=600
+    )
+    grant = QuotaGrant.objects.create(
+        tenant=tenant, scenario=scenario, gpu_model=gpu_model, gpus=8, gpu_hours=Decimal(1000),
+        starts_on=timezone.localdate(), ends_on=timezone.localdate() + timedelta(days=9),
+    )  # fmt: skip
+
+    def make(user, **fields) -> Job:
+        return Job.objects.create(
+            tenant=tenant, submitted_by=user, name="j", scenario=scenario, gpu_model=gpu_model, grant=grant,
+            cluster=cluster, partition=partition, gpus=1, walltime_minutes=10, cpus_per_gpu=1, mem_per_gpu_mb=100,
+            script="#!/bin/bash\n", reserved_gpu_hours=Decimal("0.17"), **fields,
+        )  # fmt: skip
+
+    return make
+
+
+@pytest.fixture
 def web(client):
     """web(user): Django's test client, logged in as the user, pages in English."""
     from django.conf import settings

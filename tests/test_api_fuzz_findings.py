@@ -6,17 +6,13 @@ import json
 import socket
 import subprocess
 from base64 import b64encode
-from datetime import timedelta
-from decimal import Decimal
 
 import pytest
 from django.utils import timezone
 from rest_framework.exceptions import NotFound as DrfNotFound
 
-from clusters.models import Cluster, Partition
-from jobs.models import Job
 from portal.core.errors import NotFound, problem_exception_handler
-from tenants.models import Membership, QuotaGrant, Role
+from tenants.models import Membership, Role
 from tenants.services import membership_change_role, membership_remove
 from tests.conftest import ROOT, VENV_BIN, free_port, stop, wait_for_port
 from tests.jobs_support import JOB
@@ -29,22 +25,9 @@ TODAY = timezone.localdate()
 
 
 @pytest.fixture
-def job(tenant, catalog, member):
+def job(make_job, member):
     """A queued job of the member's, on a local partition, under a grant."""
-    scenario, gpu_model = catalog
-    cluster = Cluster.objects.create(slug="local", name="Local", kind="local", local_gpus=8)
-    partition = Partition.objects.create(
-        cluster=cluster, name="local", gpu_model=gpu_model, gpus_per_node=8, nodes=1, max_walltime_minutes=600
-    )
-    grant = QuotaGrant.objects.create(
-        tenant=tenant, scenario=scenario, gpu_model=gpu_model, gpus=8, gpu_hours=Decimal(1000),
-        starts_on=TODAY, ends_on=TODAY + timedelta(days=9),
-    )  # fmt: skip
-    return Job.objects.create(
-        tenant=tenant, submitted_by=member, name="j", scenario=scenario, gpu_model=gpu_model, grant=grant,
-        cluster=cluster, partition=partition, gpus=1, walltime_minutes=10, cpus_per_gpu=1, mem_per_gpu_mb=100,
-        script="#!/bin/bash\n", reserved_gpu_hours=Decimal("0.17"),
-    )  # fmt: skip
+    return make_job(member)
 
 
 # --- 500s ---------------------------------------------------------------------------------------

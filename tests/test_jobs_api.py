@@ -8,36 +8,13 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from clusters.models import Cluster, Partition
-from jobs.models import Job, JobState
-from tenants.models import QuotaGrant, Role
+from jobs.models import JobState
+from tenants.models import Role
 from tests.conftest import join
 
 pytestmark = pytest.mark.django_db
 
 NOW = timezone.now()
-
-
-@pytest.fixture
-def make_job(tenant, catalog):
-    scenario, gpu_model = catalog
-    cluster = Cluster.objects.create(slug="local", name="Local", kind="local", local_gpus=8)
-    partition = Partition.objects.create(
-        cluster=cluster, name="local", gpu_model=gpu_model, gpus_per_node=8, nodes=1, max_walltime_minutes=600
-    )
-    grant = QuotaGrant.objects.create(
-        tenant=tenant, scenario=scenario, gpu_model=gpu_model, gpus=8, gpu_hours=Decimal(1000),
-        starts_on=NOW.date(), ends_on=NOW.date() + timedelta(days=9),
-    )  # fmt: skip
-
-    def make(user, **fields) -> Job:
-        return Job.objects.create(
-            tenant=tenant, submitted_by=user, name="j", scenario=scenario, gpu_model=gpu_model, grant=grant,
-            cluster=cluster, partition=partition, gpus=1, walltime_minutes=10, cpus_per_gpu=1, mem_per_gpu_mb=100,
-            script="#!/bin/bash\n", reserved_gpu_hours=Decimal("0.17"), **fields,
-        )  # fmt: skip
-
-    return make
 
 
 def test_job_list_costs_the_same_queries_at_1_and_20_rows(client_for, member, make_job):

@@ -3,7 +3,7 @@
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
@@ -17,7 +17,7 @@ from clusters.backends.base import (
 from clusters.models import Cluster
 from clusters.services import backend_of, cluster_mark_health
 from jobs.models import Job, JobEvent, JobState
-from jobs.services.common import _move, _send_now
+from jobs.services.common import _send_now
 from jobs.services.follow import job_finish, moved_event
 from jobs.services.submit import job_held_back, job_unadmit_if_held, jobs_admit
 from tenants.models import QuotaGrant
@@ -31,31 +31,11 @@ DISPATCH_BATCH = 50
 
 
 def _claim(job_id: int) -> Job | None:
-    """Take the dispatch lease of an admitted QUEUED job (→ SUBMITTING) or of a SUBMITTING job
-    whose last dispatcher is gone. One conditional UPDATE: of two dispatchers, one wins."""
-    now = timezone.now()
-    lease = now + timedelta(seconds=settings.JOB_DISPATCH_LEASE_S)
-    if not Job.objects.filter(_claimable(now), pk=job_id).update(
-        dispatch_lease_until=lease, dispatch_attempts=F("dispatch_attempts") + 1
-    ):
-        return None
-    with transaction.atomic():
-        # of=self: the job row alone. A plain FOR UPDATE with select_related also locks its
-        # cluster, partition, GPU model and tenant rows, in whatever order the join yields them,
-        # and deadlocked with job_submit, which locks partition and cluster first.
-        job = (
-            Job.objects.select_for_update(of=("self",))
-            .select_related("cluster", "partition", "gpu_model", "tenant", "scenario")
-            .get(pk=job_id)
-        )
-        if job.state == JobState.QUEUED:
-            if job_unadmit_if_held(job):  # suspended or grant ended since admission: not submitted
-                return None
-            _move(job, JobState.SUBMITTING)
-            job.save(update_fields=["state", "reason", "raw_state"])
-        elif job.state != JobState.SUBMITTING:
-            return None  # cancelled or ended between the lease and the lock: nothing to submit
-    return job
+    """The dispatch lease of this one job (_claim_batch with a limit of 1), SUBMITTING; None when
+    it is not claimable: another dispatcher holds it, or it was cancelled, ended or held back."""
+    cluster_id = Job.objects.filter(pk=job_id).values_list("cluster_id", flat=True).first()
+    jobs = _claim_batch(job_id, cluster_id=cluster_id, limit=1) if cluster_id else []
+    return jobs[0] if jobs else None
 
 
 def _spec(job: Job) -> JobSpec:
@@ -84,9 +64,7 @@ def job_dispatch(*, job_id: int) -> None:
     """QUEUED (admitted) → SUBMITTING → PENDING, this one job. Safe to run twice and after a
     crash anywhere: the lease lets one dispatcher work at a time, and any attempt after the
     first asks the scheduler for the job's token before it submits again."""
-    job = _claim(job_id)
-    if job is not None:
-        _dispatch(backend_of(job.cluster), [job])
+    jobs_dispatch(job_id=job_id, batch=1)
 
 
 def jobs_dispatch(*, job_id: int, retry: bool = False, batch: int = DISPATCH_BATCH) -> int:
@@ -99,20 +77,14 @@ def jobs_dispatch(*, job_id: int, retry: bool = False, batch: int = DISPATCH_BAT
     A message whose job another dispatcher's batch took along costs one indexed query and
     ends, since each waiting job has a message of its own. A retry (`retry`: the last batch
     left jobs to try again, whose own messages are spent) takes what waits even then. Returns
-    how many jobs this call took. A backend without submit_many, or a database without SKIP
-    LOCKED, takes the one job."""
+    how many jobs this call took. A backend without submit_many takes the one job."""
     if not retry and not Job.objects.filter(_claimable(timezone.now()), pk=job_id).exists():
         return 0
     cluster = Cluster.objects.filter(jobs=job_id).first()
     if cluster is None:
         return 0
     backend = backend_of(cluster)
-    if not (hasattr(backend, "submit_many") and connection.features.has_select_for_update_skip_locked):
-        job = _claim(job_id)
-        if job is not None:
-            _dispatch(backend, [job])
-        return int(job is not None)
-    jobs = _claim_batch(job_id, cluster_id=cluster.pk, limit=batch)
+    jobs = _claim_batch(job_id, cluster_id=cluster.pk, limit=batch if hasattr(backend, "submit_many") else 1)
     if jobs:
         _dispatch(backend, jobs)
     return len(jobs)
@@ -125,15 +97,18 @@ def _claimable(now) -> Q:
 
 
 def _claim_batch(job_id: int, *, cluster_id: int, limit: int) -> list[Job]:
-    """_claim for up to `limit` jobs of one cluster, the given job first if it is free: their
-    leases in one transaction (rows another dispatcher is locking are skipped, not waited for),
-    then their moves to SUBMITTING in a second, as _claim does for one."""
+    """Take the dispatch leases of up to `limit` claimable jobs of one cluster, the given job
+    first (with a limit of 1, that job alone): the leases in one transaction, rows another
+    dispatcher is locking skipped rather than waited for, so of two dispatchers one wins each
+    job; then their moves to SUBMITTING in a second. A job held back since its admission
+    (suspended tenant, ended grant) gives its GPUs back instead; one cancelled or ended between
+    the lease and the lock is left out."""
     now = timezone.now()
     lease = now + timedelta(seconds=settings.JOB_DISPATCH_LEASE_S)
     with transaction.atomic():
         ids = list(
             Job.objects.select_for_update(skip_locked=True)
-            .filter(_claimable(now), cluster_id=cluster_id)
+            .filter(_claimable(now), cluster_id=cluster_id, **({"pk": job_id} if limit == 1 else {}))
             .order_by(Case(When(pk=job_id, then=0), default=1), "pk")
             .values_list("pk", flat=True)[:limit]
         )
@@ -145,7 +120,10 @@ def _claim_batch(job_id: int, *, cluster_id: int, limit: int) -> list[Job]:
     claimed, moved, events = [], [], []
     with transaction.atomic():
         jobs = list(
-            Job.objects.select_for_update(of=("self",))  # the job rows alone, as in _claim
+            # of=self: the job rows alone. A plain FOR UPDATE with select_related would also lock
+            # their cluster, partition, GPU model and tenant rows, in whatever order the join
+            # yields them, and deadlock with the services that lock a partition first.
+            Job.objects.select_for_update(of=("self",))
             .select_related("cluster", "partition", "gpu_model", "tenant", "scenario")
             .filter(pk__in=ids)
             .order_by("pk")

@@ -7,6 +7,7 @@ NO KEY UPDATE: admission and the ledger still serialise on them, and a submissio
 insert a job that refers to them (the foreign key's check takes FOR KEY SHARE, which a plain
 FOR UPDATE would make wait)."""
 
+import contextlib
 import hashlib
 import json
 import math
@@ -484,6 +485,14 @@ def jobs_admit_soon(*, partition_id: int, job: Job | None = None) -> None:
         first = True
     if first:
         _send("jobs.tasks.admit_partition", partition_id=partition_id)
+
+
+def jobs_admit_marked(*, partition_id: int) -> list[int]:
+    """What the admit task runs: the mark goes first, so that a submission from now on sends
+    another task if it needs one, then the pass (waiting for the partition's lock)."""
+    with contextlib.suppress(Exception):  # the cache's own errors differ; the mark runs out anyway
+        cache.delete(admit_mark(partition_id))
+    return jobs_admit(partition_id=partition_id)
 
 
 def admit_mark(partition_id: int) -> str:
