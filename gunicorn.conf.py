@@ -36,3 +36,17 @@ def _write_problem(sock, status_int: int, reason: str, mesg: str) -> None:
 
 
 util.write_error = _write_problem
+
+
+def post_worker_init(worker) -> None:
+    """Once the worker has loaded Django, load the URL conf and with it every view, then move
+    all that lives now out of the garbage collector's sight (gc.freeze). A full collection then
+    walks only what requests made since: on this code about 100,000 objects fewer, a pause of
+    about 70 ms that fell on some request every few hundred (docs/performance.md)."""
+    import gc
+
+    from django.urls import get_resolver
+
+    get_resolver().url_patterns  # noqa: B018  (imports the views, their serializers and forms)
+    gc.collect()
+    gc.freeze()

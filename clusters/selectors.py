@@ -1,6 +1,7 @@
 """Reads of the catalog. GPU models, scenarios and clusters are the same for every signed-in
 user (quota, not visibility, decides who may use them), so nothing here filters by tenant."""
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -50,27 +51,48 @@ class CatalogNames:
     partition: dict[int, str]
 
 
+# The catalog's names by id, kept in the process: they change only when an admin edits the
+# catalog. A save or delete here clears them (clusters.signals); another process reads them
+# again within NAMES_TTL_S.
+NAMES_TTL_S = 60.0
+_names: dict[str, dict[int, str]] = {}
+_names_read_at = float("-inf")
+
+
+def catalog_names_forget() -> None:
+    global _names  # rebound, not cleared: a reader keeps the dicts it holds
+    _names = {}
+
+
 def catalog_names(rows: Iterable) -> CatalogNames:
     """The catalog's names that these rows (jobs, say) refer to by scenario_id, gpu_model_id,
-    cluster_id and partition_id, in one query whatever the number of rows: reading them apart
-    from the rows keeps four joins out of every job query, which PostgreSQL took longer to plan
-    than to run. Plain SQL: the ORM's union of four querysets cost more to build than the rest
-    of a job's answer. Table and column names come from the models, the ids are parameters."""
+    cluster_id and partition_id: from the process's copy, else in one query whatever the number
+    of rows. Reading them apart from the rows keeps four joins out of every job query, which
+    PostgreSQL took longer to plan than to run. Plain SQL: the ORM's union of four querysets
+    cost more to build than the rest of a job's answer. Table and column names come from the
+    models, the ids are parameters."""
+    global _names, _names_read_at
+    if time.monotonic() - _names_read_at > NAMES_TTL_S:
+        _names, _names_read_at = {}, time.monotonic()
+    names = {kind: _names.get(kind, {}) for kind, _model, _column in _CATALOG}
     rows = list(rows)
-    names: dict[str, dict[int, str]] = {kind: {} for kind, _model, _column in _CATALOG}
     selects, params = [], []
     for index, (kind, model, column) in enumerate(_CATALOG):
-        ids = sorted({pk for row in rows if (pk := getattr(row, f"{kind}_id")) is not None})
+        ids = sorted(
+            {pk for row in rows if (pk := getattr(row, f"{kind}_id")) is not None} - names[kind].keys()
+        )
         if ids:
             table, column = connection.ops.quote_name(model._meta.db_table), connection.ops.quote_name(column)
             marks = ", ".join(["%s"] * len(ids))
             selects.append(f"SELECT {index}, id, {column} FROM {table} WHERE id IN ({marks})")  # noqa: S608
             params += ids
     if selects:
+        names = {kind: dict(known) for kind, known in names.items()}
         with connection.cursor() as cursor:
             cursor.execute(" UNION ALL ".join(selects), params)
             for index, pk, name in cursor.fetchall():
                 names[_CATALOG[index][0]][pk] = name
+        _names = names
     return CatalogNames(**names)
 
 

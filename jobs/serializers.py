@@ -1,4 +1,4 @@
-from datetime import timedelta
+from datetime import datetime, timedelta, tzinfo
 
 from django.conf import settings
 from django.db.models import Manager
@@ -140,6 +140,49 @@ class JobOut(serializers.ModelSerializer):
             "gpu_hours_reserved",
         ]
 
+    def to_representation(self, job: Job) -> dict:
+        """DRF's answer, built straight from the row. DRF's walk over the fields took 2.8 ms of a
+        page of 50, the most of the list's answer (docs/performance.md); this one reads plain
+        columns as they are and hands only dates, decimals and catalog names to their fields.
+        tests/test_job_answer.py holds it equal to DRF's walk on jobs in every state."""
+        fields, tz = self.fields, timezone.get_current_timezone()
+        return {
+            "id": str(job.pk),
+            "tenant": job.tenant.slug,
+            "name": job.name,
+            "scenario": fields["scenario"].to_representation(job),
+            "gpu_model": fields["gpu_model"].to_representation(job),
+            "gpus": job.gpus,
+            "nodes": job.nodes,
+            "walltime_minutes": job.walltime_minutes,
+            "priority": job.priority,
+            "state": job.state,
+            "reason": job.reason,
+            "cluster": fields["cluster"].to_representation(job),
+            "partition": fields["partition"].to_representation(job),
+            "backend_id": job.backend_id,
+            "submitted_by": job.submitted_by.username if job.submitted_by_id else None,
+            "created": _iso(job.created, tz),
+            "started_at": _iso(job.started_at, tz),
+            "finished_at": _iso(job.finished_at, tz),
+            "exit_code": job.exit_code,
+            "gpu_hours": _shown(fields["gpu_hours"], job.gpu_hours),
+            "gpu_hours_reserved": _shown(fields["gpu_hours_reserved"], job.reserved_gpu_hours),
+        }
+
+
+def _iso(when: datetime | None, tz: tzinfo) -> str | None:
+    """DRF's DateTimeField (ISO 8601, in the current time zone, UTC as Z), less its lookup of
+    the time zone for each value."""
+    if when is None:
+        return None
+    text = when.astimezone(tz).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def _shown(field: serializers.Field, value):
+    return None if value is None else field.to_representation(value)
+
 
 DETAIL_FIELDS = ["raw_state", "node_list", "template", "parameters", "env", "script"]
 
@@ -151,6 +194,9 @@ class JobDetailOut(JobOut):
     class Meta(JobOut.Meta):
         fields = [*JobOut.Meta.fields, *DETAIL_FIELDS]
         extra_kwargs = {name: {"required": False} for name in DETAIL_FIELDS}
+
+    def to_representation(self, job: Job) -> dict:
+        return super().to_representation(job) | {name: getattr(job, name) for name in DETAIL_FIELDS}
 
 
 class JobEventOut(serializers.ModelSerializer):

@@ -71,6 +71,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "portal.core.middleware.tenant_perms_per_request",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -105,6 +106,16 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
     DATABASES["default"]["CONN_MAX_AGE"] = 0
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Server-side binding lets psycopg prepare a statement PostgreSQL has seen
+    # DB_PREPARE_THRESHOLD times and skip its planning from then on (docs/performance.md).
+    # Behind PgBouncer in transaction mode, set DB_PREPARE_THRESHOLD=0: no prepared statements.
+    _prepare_threshold = env_int("DB_PREPARE_THRESHOLD", 2, minimum=0)
+    if _prepare_threshold > 0:
+        DATABASES["default"]["OPTIONS"] = {
+            "server_side_binding": True,
+            "prepare_threshold": _prepare_threshold,
+        }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -1,6 +1,10 @@
 """Reads, each scoped to what the caller may see. Every query about tenant data filters
 through tenant_ids_visible_to() in SQL: one subquery, never a permission check per row."""
 
+from collections import defaultdict
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
@@ -25,13 +29,54 @@ def tenant_ids_visible_to(*, user: AbstractBaseUser) -> QuerySet:
     return tenant_ids_with(user=user, perm=VIEW)
 
 
+# Per request (portal.core.middleware.tenant_perms_per_request): the caller's permissions by
+# tenant, read once however many checks the request makes. None outside a request: every read
+# queries. A service that changes permissions calls tenant_perms_forget().
+_perms_memo: ContextVar[dict | None] = ContextVar("tenant_perms_memo", default=None)
+
+
+def tenant_perm_map(*, user: AbstractBaseUser) -> dict[int, frozenset[str]]:
+    """The tenants where the (active, non-admin) user holds a permission, with those
+    permissions, in one query; memoized for the request."""
+    memo = _perms_memo.get()
+    if memo is not None and user.pk in memo:
+        return memo[user.pk]
+    rows = TenantUserPermission.objects.filter(user=user, permission__content_type__app_label="tenants")
+    by_tenant = defaultdict(set)
+    for tenant_id, codename in rows.values_list("content_object_id", "permission__codename"):
+        by_tenant[tenant_id].add(codename)
+    perms = {tenant_id: frozenset(codenames) for tenant_id, codenames in by_tenant.items()}
+    if memo is not None:
+        memo[user.pk] = perms
+    return perms
+
+
+@contextmanager
+def tenant_perms_memoized():
+    """Within this block (a request), tenant_perm_map reads each user's permissions once."""
+    token = _perms_memo.set({})
+    try:
+        yield
+    finally:
+        _perms_memo.reset(token)
+
+
+def tenant_perms_forget() -> None:
+    """Permissions changed: the request's later checks read them again."""
+    memo = _perms_memo.get()
+    if memo is not None:
+        memo.clear()
+
+
 def tenant_id_list(*, user: AbstractBaseUser, perm: str = VIEW) -> list[int] | QuerySet:
-    """tenant_ids_with, read now into a list: a query that filters on it is simpler to plan
-    than one with the permission subquery. Platform admins keep the subquery (every tenant)."""
-    ids = tenant_ids_with(user=user, perm=perm)
-    if user.is_authenticated and user.is_active and user.is_staff:
-        return ids
-    return [tenant_id for row in ids for tenant_id in row.values()]  # rows of one column
+    """The ids of the tenants where the user holds `perm`, as a list: a query that filters on it
+    is simpler to plan than one with the permission subquery. Platform admins keep the subquery
+    (every tenant)."""
+    if not user.is_authenticated or not user.is_active:
+        return []
+    if user.is_staff:
+        return tenant_ids_with(user=user, perm=perm)
+    return sorted(tenant_id for tenant_id, perms in tenant_perm_map(user=user).items() if perm in perms)
 
 
 def tenants_visible_to(*, user: AbstractBaseUser) -> QuerySet[Tenant]:
@@ -39,15 +84,12 @@ def tenants_visible_to(*, user: AbstractBaseUser) -> QuerySet[Tenant]:
 
 
 def tenant_perms(*, user: AbstractBaseUser, tenant: Tenant) -> frozenset[str]:
-    """What the user may do in this tenant, in one query."""
+    """What the user may do in this tenant (one query per request: tenant_perm_map)."""
     if not user.is_authenticated or not user.is_active:
         return frozenset()
     if user.is_staff:
         return ALL_PERMISSIONS
-    codenames = TenantUserPermission.objects.filter(user=user, content_object=tenant).values_list(
-        "permission__codename", flat=True
-    )
-    return frozenset(codenames)
+    return tenant_perm_map(user=user).get(tenant.pk, frozenset())
 
 
 def memberships_of(*, user: AbstractBaseUser) -> QuerySet[Membership]:

@@ -26,7 +26,7 @@ from tenants.models import (
     Tier,
 )
 from tenants.roles import ROLE_PERMISSIONS
-from tenants.selectors import staff_emails, tenant_manager_emails
+from tenants.selectors import staff_emails, tenant_manager_emails, tenant_perms_forget
 from tenants.signals import tenant_limits_changed
 
 REMINDER_DAYS = (1, 7)  # nearest first: a grant found late gets one reminder, not two
@@ -98,6 +98,7 @@ def _grant_role_perms(*, tenant: Tenant, user: AbstractBaseUser, role: Role) -> 
     TenantUserPermission.objects.bulk_create(
         TenantUserPermission(user=user, content_object=tenant, permission=perm) for perm in perms
     )
+    tenant_perms_forget()
 
 
 def _owners_for_update(tenant: Tenant) -> list[int]:
@@ -169,6 +170,7 @@ def membership_remove(*, actor: AbstractBaseUser, membership: Membership) -> Non
     if owners == [membership.id]:
         raise LastOwner(f"{membership.user.get_username()} is the last owner of {membership.tenant.slug}.")
     TenantUserPermission.objects.filter(user=membership.user, content_object=membership.tenant).delete()
+    tenant_perms_forget()
     audit_record(
         actor=actor,
         action="membership.remove",

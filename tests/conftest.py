@@ -11,6 +11,7 @@ import pytest
 from django.core.cache import cache
 from rest_framework.test import APIClient
 
+from clusters.selectors import catalog_names_forget
 from portal.core.services import token_create
 from tenants.models import Role
 from tenants.services import membership_add
@@ -51,8 +52,10 @@ def stop(proc: subprocess.Popen, *, timeout_s: float = 10) -> None:
 
 @pytest.fixture(autouse=True)
 def _clean_cache() -> None:
-    """Throttle counters live in the cache; each test starts with none."""
+    """Throttle counters live in the cache, catalog names in the process; each test starts with
+    none (SQLite gives a rolled-back test's ids to the next)."""
     cache.clear()
+    catalog_names_forget()
 
 
 # --- Personas (STYLE.md): platform admin, tenant owner, member, viewer, outsider.

@@ -8,6 +8,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from clusters.selectors import catalog_names_forget
 from jobs.models import JobState
 from tenants.models import Role
 from tests.conftest import join
@@ -21,10 +22,12 @@ def test_job_list_costs_the_same_queries_at_1_and_20_rows(client_for, member, ma
     client = client_for(member)
     client.get("/api/v1/me/")
     make_job(member)
+    catalog_names_forget()  # both requests read the catalog's names, as a process's first one does
     with CaptureQueriesContext(connection) as one:
         assert len(client.get("/api/v1/jobs/").json()["results"]) == 1
     for _ in range(19):
         make_job(member)
+    catalog_names_forget()
     with CaptureQueriesContext(connection) as twenty:
         assert len(client.get("/api/v1/jobs/").json()["results"]) == 20
     assert len(one) == len(twenty) <= 5
