@@ -109,13 +109,15 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Server-side binding lets psycopg prepare a statement PostgreSQL has seen
     # DB_PREPARE_THRESHOLD times and skip its planning from then on (docs/performance.md).
-    # Behind PgBouncer in transaction mode, set DB_PREPARE_THRESHOLD=0: no prepared statements.
+    # Behind PgBouncer in transaction mode (before 1.21's max_prepared_statements), set
+    # DB_PREPARE_THRESHOLD=0: no prepared statements. A migration that changes a column's type
+    # fails the statements prepared before it ("cached plan must not change result type") until
+    # the connection is closed: restart web and workers after it (README, Upgrading on PostgreSQL).
     _prepare_threshold = env_int("DB_PREPARE_THRESHOLD", 2, minimum=0)
-    if _prepare_threshold > 0:
-        DATABASES["default"]["OPTIONS"] = {
-            "server_side_binding": True,
-            "prepare_threshold": _prepare_threshold,
-        }
+    if _prepare_threshold > 0:  # beside the URL's own options (?sslmode=…, ?connect_timeout=…)
+        DATABASES["default"].setdefault("OPTIONS", {}).update(
+            server_side_binding=True, prepare_threshold=_prepare_threshold
+        )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -31,7 +31,7 @@ def tenant_ids_visible_to(*, user: AbstractBaseUser) -> QuerySet:
 
 # Per request (portal.core.middleware.tenant_perms_per_request): the caller's permissions by
 # tenant, read once however many checks the request makes. None outside a request: every read
-# queries. A service that changes permissions calls tenant_perms_forget().
+# queries. A service that changes permissions calls tenant_perms_forget(), which ends the memo.
 _perms_memo: ContextVar[dict | None] = ContextVar("tenant_perms_memo", default=None)
 
 
@@ -62,10 +62,9 @@ def tenant_perms_memoized():
 
 
 def tenant_perms_forget() -> None:
-    """Permissions changed: the request's later checks read them again."""
-    memo = _perms_memo.get()
-    if memo is not None:
-        memo.clear()
+    """Permissions changed: every later check of the request reads them again, memoized no
+    more, since the change may yet roll back."""
+    _perms_memo.set(None)
 
 
 def tenant_id_list(*, user: AbstractBaseUser, perm: str = VIEW) -> list[int] | QuerySet:

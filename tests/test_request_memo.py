@@ -3,7 +3,7 @@
 (clusters.selectors.catalog_names). Neither may answer what has changed."""
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from clusters import selectors as catalog
@@ -56,6 +56,25 @@ def test_a_member_removed_within_the_request_sees_the_tenant_no_more(tenant, own
         membership_remove(actor=owner, membership=membership)
         assert tenant_id_list(user=member) == []
         assert tenant_perms(user=member, tenant=tenant) == frozenset()
+
+
+def test_each_user_has_their_own_permissions_within_a_request(tenant, owner, member, outsider):
+    with tenant_perms_memoized():
+        assert CANCEL_ANY_JOB in tenant_perms(user=owner, tenant=tenant)
+        assert CANCEL_ANY_JOB not in tenant_perms(user=member, tenant=tenant)
+        assert tenant_perms(user=outsider, tenant=tenant) == frozenset()
+        assert tenant_id_list(user=outsider) != tenant_id_list(user=owner) == [tenant.id]
+
+
+def test_a_change_rolled_back_within_the_request_is_not_remembered(tenant, owner, member):
+    membership = Membership.objects.get(tenant=tenant, user=member)
+    with tenant_perms_memoized():
+        assert SUBMIT_JOB in tenant_perms(user=member, tenant=tenant)
+        with pytest.raises(RuntimeError), transaction.atomic():
+            membership_change_role(actor=owner, membership=membership, role=Role.VIEWER)
+            assert SUBMIT_JOB not in tenant_perms(user=member, tenant=tenant)
+            raise RuntimeError  # the request fails after the change: it rolls back
+        assert SUBMIT_JOB in tenant_perms(user=member, tenant=tenant)
 
 
 def test_outside_a_request_every_read_is_fresh(tenant, member):

@@ -11,14 +11,17 @@ from portal.envvars import email_config, env_bool, env_int, env_list
 from tests.conftest import ROOT
 
 
-def load_settings(tmp_path, **env) -> subprocess.CompletedProcess:
-    """Import portal.settings in a fresh interpreter, as `manage.py` would at start."""
+def load_settings(
+    tmp_path, show: str = "s.SECRET_KEY, s.DEBUG, s.DATABASES['default']['ENGINE']", **env
+) -> subprocess.CompletedProcess:
+    """Import portal.settings in a fresh interpreter, as `manage.py` would at start, and print
+    `show` (of the settings module `s`)."""
     clean = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "SECRET_KEY"}}
     return subprocess.run(
         [
             sys.executable,
             "-c",
-            "import portal.settings as s; print(s.SECRET_KEY, s.DEBUG, s.DATABASES['default']['ENGINE'])",
+            f"import portal.settings as s; print({show})",
         ],
         cwd=ROOT,
         env=clean | {"VAR_DIR": str(tmp_path)} | env,
@@ -98,6 +101,23 @@ def test_secret_key_from_a_file(tmp_path):
 def test_database_url_selects_postgresql(tmp_path):
     result = load_settings(tmp_path, DATABASE_URL="postgres://portal@db.internal:5432/portal")
     assert result.stdout.split()[2] == "django.db.backends.postgresql"
+
+
+def test_prepared_statements_keep_the_database_urls_options(tmp_path):
+    url = "postgres://portal@db.internal:5432/portal?sslmode=verify-full&connect_timeout=5"
+    shown = "sorted(s.DATABASES['default']['OPTIONS'].items())"
+    result = load_settings(tmp_path, show=shown, DATABASE_URL=url)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(
+        [
+            ("connect_timeout", 5),
+            ("prepare_threshold", 2),
+            ("server_side_binding", True),
+            ("sslmode", "verify-full"),
+        ]
+    )
+    result = load_settings(tmp_path, show=shown, DATABASE_URL=url, DB_PREPARE_THRESHOLD="0")
+    assert result.stdout.strip() == str([("connect_timeout", 5), ("sslmode", "verify-full")])
 
 
 def test_email_url_forms():
