@@ -28,9 +28,9 @@ Mix of phase e, in % of requests: list jobs (state filter, page of 50) 35, get a
 quotas 10, me 10, submit 10, cancel a job the same user submitted earlier in the run 5 (its newest;
 409 conflict, the job ended meanwhile, is the contract's answer and counts as success).
 
-Before each open-loop phase the run waits, untimed and for at most 3 minutes, until the stack's
-Celery queue is empty and CPU pressure is below 20 %: a phase's figures are then its own, not the
-dispatches left over from the phase before.
+Before each open-loop phase the run waits, untimed and for at most 3 minutes, until no Celery task
+of the stack waits in the queue or runs (kombu's unacked hash) and CPU pressure is below 20 %: a
+phase's figures are then its own, not the dispatches left over from the phase before.
 
 Every job this run submits is cancelled at the end (the peers' jobs never start: bench/peers.py).
 RSS of the gunicorn and Celery processes (pid files in --stack-dir) is sampled every
@@ -69,6 +69,7 @@ SCRIPT = "#!/bin/bash\ntrue\n"
 WARM_CALLS = 50  # untimed calls of each kind before the first phase
 DRAIN_S = 60.0  # after a phase's last arrival, how long its requests may still take
 SETTLE_MAX_S = 180.0  # before a phase, how long to wait for the previous one's backlog to clear
+UNACKED = "unacked"  # kombu's Redis transport: messages a worker holds, until it acks them
 SETTLE_PRESSURE = 20.0  # "quiet": CPU pressure (PSI some avg10) below this, in %
 RNG = random.Random(1)  # noqa: S311  (seeded: the same picks run after run; nothing secret)
 
@@ -332,13 +333,14 @@ class Load:
 
     # -------------------------------------------------------------- phases --
     def settle(self, key: str) -> None:
-        """Before a phase: wait (at most SETTLE_MAX_S) until the Celery queue is empty and the CPU
+        """Before a phase: wait (at most SETTLE_MAX_S) until no Celery task waits or runs and the CPU
         quiet, so that a phase's figures are its own and not the backlog of the one before (the
         dispatches of phase b's 3,000 jobs, say). Untimed; the wait is printed."""
         started = time.monotonic()
         queue = self.args.broker_queue
         while time.monotonic() - started < SETTLE_MAX_S:
-            backlog = self.broker.llen(queue) if self.broker is not None else 0
+            # waiting in the queue, or taken by a worker and not yet done (kombu's unacked hash)
+            backlog = self.broker.llen(queue) + self.broker.hlen(UNACKED) if self.broker is not None else 0
             pressure = cpu_some_avg10()
             if not backlog and (pressure is None or pressure < SETTLE_PRESSURE):
                 break
