@@ -52,7 +52,7 @@ class CatalogNames:
 
 
 # The catalog's names by id, kept in the process: they change only when an admin edits the
-# catalog. A save or delete here clears them (clusters.signals); another process reads them
+# catalog. A save or delete here clears them (clusters.apps); another process reads them
 # again within NAMES_TTL_S.
 NAMES_TTL_S = 60.0
 _names: dict[str, dict[int, str]] = {}
