@@ -24,6 +24,12 @@ Phases; each pits the portal against its peer in the same phase, interleaved:
      slurmrestd GET /jobs (every job of the cluster, one answer), --repeat times each, alternating
   e  the mix below at --rate
   f  sbatch over the portal's SSH path in a loop for --sbatch-seconds: jobs/s
+  g  phase a's requests to the floor (bench/floor_views.py: a bare Django view, hand-written SQL)
+     vs slurmrestd, --rate each
+  h  phase c's requests to the floor, --rate
+The floor runs in its own gunicorn (--floor-port, as many workers as the stack's), started for
+phases g and h and stopped after them: what Django on this machine answers at least, beside what
+the portal answers and what slurmrestd answers, in the same run.
 Mix of phase e, in % of requests: list jobs (state filter, page of 50) 35, get a job 30, list
 quotas 10, me 10, submit 10, cancel a job the same user submitted earlier in the run 5 (its newest;
 409 conflict, the job ended meanwhile, is the contract's answer and counts as success).
@@ -44,6 +50,7 @@ import contextlib
 import json
 import os
 import random
+import subprocess
 import sys
 import threading
 import time
@@ -59,7 +66,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import peers  # noqa: E402
 from bench.figures import Recorder, print_summary, print_table, targets  # noqa: E402
-from bench.rss import RssSampler, cpu_pressure, cpu_some_avg10  # noqa: E402
+from bench.rss import RssSampler, _children, cpu_pressure, cpu_some_avg10  # noqa: E402
 
 SUBMIT_ROLES = {"owner", "manager", "member"}
 ACTIVE_STATES = ("QUEUED", "SUBMITTING", "PENDING", "RUNNING", "CANCELLING")
@@ -202,13 +209,15 @@ class Load:
         self.results: dict = {"phases": {}, "config": {k: v for k, v in vars(args).items() if k != "site"}}
 
     # ------------------------------------------------------------ requests --
-    def portal_get_job(self):
+    def portal_get_job(self, api: Portal | None = None, label: str = "portal GET job"):
+        """A job of one of the user's tenants, from the portal (or from `api`, the floor)."""
+        api = api or self.api
         user = RNG.choice(self.site.users)
         slugs = [t["slug"] for t in user["tenants"] if self.site.jobs.get(t["slug"])]
         if not slugs:
             return self.portal_me()
         job_id = RNG.choice(self.site.jobs[RNG.choice(slugs)])
-        return "portal GET job", lambda: self.api.call("GET", f"/api/v1/jobs/{job_id}/", user["token"])
+        return label, lambda: api.call("GET", f"/api/v1/jobs/{job_id}/", user["token"])
 
     def portal_submit(self):
         user, slug = RNG.choice(self.site.submitters)
@@ -224,12 +233,13 @@ class Load:
 
         return "portal POST job", call
 
-    def portal_list(self):
+    def portal_list(self, api: Portal | None = None, label: str = "portal GET jobs (50, state)"):
+        api = api or self.api
         user = RNG.choice(self.site.users)
         slug = RNG.choice(user["tenants"])["slug"]
         states = "".join(f"&state={s}" for s in RNG.choice(LIST_FILTERS))
         path = f"/api/v1/jobs/?tenant={slug}{states}&page_size=50"
-        return "portal GET jobs (50, state)", lambda: self.api.call("GET", path, user["token"])
+        return label, lambda: api.call("GET", path, user["token"])
 
     def portal_quotas(self):
         user = RNG.choice(self.site.users)
@@ -456,12 +466,36 @@ class Load:
                 self.phase("e", f"mixed load {rate:g}/s ({mix})", [(rate, self.mixed)])
             if "f" in phases:
                 self.phase_sbatch()
+            if "g" in phases or "h" in phases:
+                self.phases_floor()
         finally:
             rss.stop()
             if not self.args.keep_jobs:
                 self.cleanup()
         self.results["rss"] = rss.summary()
         self.results["targets"] = targets(self.results)
+
+    def phases_floor(self) -> None:
+        """Phases g and h: a and c's requests to the floor's own gunicorn (bench/floor_views.py)."""
+        rate, port = self.args.rate, self.args.floor_port
+        with FloorServer(port, Path(self.args.stack_dir)) as url:
+            floor = Portal(url)
+
+            def floor_get():
+                return self.portal_get_job(floor, "floor GET job")
+
+            def floor_list():
+                return self.portal_list(floor, "floor GET jobs (50, state)")
+
+            for _ in range(WARM_CALLS):
+                floor_get()[1]()
+                floor_list()[1]()
+            if "g" in self.args.phases:
+                self.phase("g", f"get a job, the floor vs slurmrestd, {rate:g}/s each",
+                           [(rate, floor_get), (rate, self.rest_get_job)])  # fmt: skip
+            if "h" in self.args.phases:
+                self.phase("h", f"a tenant's job list on the floor, page of 50, by state, {rate:g}/s",
+                           [(rate, floor_list)])  # fmt: skip
 
     def cleanup(self) -> None:
         """Cancel the run's portal jobs (an ended one answers 409: fine) and its peer jobs."""
@@ -479,6 +513,51 @@ class Load:
     def _cancel_quietly(self, token: str, job_id: str) -> None:
         with contextlib.suppress(ApiError):
             self.api.call("POST", f"/api/v1/jobs/{job_id}/cancel/", token)
+
+
+class FloorServer:
+    """The floor's gunicorn on 127.0.0.1:port for the duration of a with block, with as many sync
+    workers as the stack's gunicorn has (its master's pid in the stack dir)."""
+
+    READY_S = 60.0
+
+    def __init__(self, port: int, stack_dir: Path) -> None:
+        self.port, self.stack_dir, self.proc = port, stack_dir, None
+
+    def workers(self) -> int:
+        try:
+            master = int((self.stack_dir / "web.pid").read_text())
+        except (OSError, ValueError):
+            return 2 * (os.cpu_count() or 1) + 1
+        return max(1, len(_children(master)))
+
+    def __enter__(self) -> str:
+        url = f"http://127.0.0.1:{self.port}"
+        env = os.environ | {"DJANGO_SETTINGS_MODULE": "bench.floor_settings"}
+        gunicorn = Path(sys.executable).with_name("gunicorn")
+        self.proc = subprocess.Popen(
+            [str(gunicorn), "portal.wsgi", "--bind", f"127.0.0.1:{self.port}", "--workers", str(self.workers())],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        probe = peers.LoopbackHttp(url, timeout_s=5)
+        deadline = time.monotonic() + self.READY_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                if probe.request("GET", "/api/v1/jobs/1/", {}, None)[0] == 401:
+                    return url
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the floor's gunicorn exited with {self.proc.returncode}")
+            time.sleep(0.2)
+        self.__exit__()
+        raise SystemExit(f"the floor's gunicorn did not answer on {url} within {self.READY_S:g} s")
+
+    def __exit__(self, *_) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def main() -> None:
@@ -499,6 +578,7 @@ def main() -> None:
     parser.add_argument(
         "--broker-queue", default="celery", help="the Celery queue whose backlog settle waits out"
     )
+    parser.add_argument("--floor-port", type=int, default=8771, help="the floor's gunicorn (phases g, h)")
     parser.add_argument("--keep-jobs", action="store_true", help="do not cancel the run's jobs at the end")
     parser.add_argument("--json", help="also write every figure to this file")
     args = parser.parse_args()

@@ -1,0 +1,165 @@
+"""The floor: the least a Django view can do to answer phase a's and phase c's requests, to
+measure beside the portal in the same run (bench/load.py, phases g and h). Not the portal: it is
+served only by the bench's own gunicorn (settings bench.floor_settings), never by the portal's.
+
+Each view does what the API's answer needs and nothing more: the token by its digest and its
+active user (one query with the join), the user throttle's counter (one Redis round trip, the
+portal's own), the job or the page by hand-written SQL scoped by the caller's view permission
+in a subquery, the catalog names from the process (the portal's own), and json.dumps. No Django
+REST framework, no ORM query built per request, no serializer, no FilterSet, no cursor
+pagination (the next page is the last id). What it answers matches JobOut's 21 fields.
+
+It is a yardstick, not a design: the portal's views also check platform admins, roles, the
+query string's every field, idempotency and the answer's schema. The gap between this floor and
+the portal is what those and the frameworks cost; the gap between this floor and slurmrestd is
+what a Python process per request costs on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from decimal import Decimal
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.db import connection
+from django.http import HttpResponse
+from django.urls import path
+from rest_framework.throttling import SimpleRateThrottle
+
+from clusters.selectors import catalog_names
+from jobs.models import Job
+from portal.core.models import ApiToken, token_digest
+from portal.core.throttles import _count
+from tenants.models import Tenant, TenantUserPermission
+from tenants.roles import VIEW
+
+User = get_user_model()
+JOB, TENANT, USER = Job._meta.db_table, Tenant._meta.db_table, User._meta.db_table
+TOKEN, PERM = ApiToken._meta.db_table, TenantUserPermission._meta.db_table
+
+# Table names from the models' meta, values only as parameters: nothing a request sends is in the SQL.
+SQL_TOKEN = (
+    f"SELECT u.id FROM {TOKEN} t JOIN {USER} u ON u.id = t.user_id WHERE t.key_digest = %s AND u.is_active"  # noqa: S608
+)
+COLUMNS = (
+    "j.id, t.slug, j.name, j.scenario_id, j.gpu_model_id, j.gpus, j.nodes, j.walltime_minutes, j.priority, "
+    "j.state, j.reason, j.cluster_id, j.partition_id, j.backend_id, u.username, j.created, j.started_at, "
+    "j.finished_at, j.exit_code, j.gpu_hours, j.reserved_gpu_hours"
+)
+FROM = (
+    f"FROM {JOB} j JOIN {TENANT} t ON t.id = j.tenant_id LEFT JOIN {USER} u ON u.id = j.submitted_by_id "  # noqa: S608
+    f"WHERE j.tenant_id IN (SELECT content_object_id FROM {PERM} WHERE user_id = %s AND permission_id = %s)"
+)
+SQL_JOB = f"SELECT {COLUMNS} {FROM} AND j.id = %s"
+SQL_PAGE = f"SELECT {COLUMNS} {FROM} AND t.slug = %s AND j.state IN ({{states}}) AND j.id < %s ORDER BY j.id DESC LIMIT %s"
+_view_perm: list[int] = []
+
+
+class _Row:
+    """What catalog_names reads of a job: its four catalog ids."""
+
+    def __init__(self, row: tuple) -> None:
+        self.scenario_id, self.gpu_model_id = row[3], row[4]
+        self.cluster_id, self.partition_id = row[11], row[12]
+
+
+def _problem(status: int, code: str) -> HttpResponse:
+    body = {"type": f"urn:gpu-portal:problem:{code}", "status": status, "code": code}
+    return HttpResponse(json.dumps(body), status=status, content_type="application/problem+json")
+
+
+def _caller(request, cursor) -> int | HttpResponse:
+    """The caller's user id, counted by the user throttle; else the problem to answer."""
+    parts = request.META.get("HTTP_AUTHORIZATION", "").split()
+    if len(parts) != 2 or parts[0] != "Token":
+        return _problem(401, "not_authenticated")
+    cursor.execute(SQL_TOKEN, [token_digest(parts[1])])
+    row = cursor.fetchone()
+    if row is None:
+        return _problem(401, "authentication_failed")
+    allowed, window_s = SimpleRateThrottle.parse_rate(None, settings.API_THROTTLE_RATES["user"])
+    window = int(time.time() // window_s)
+    if _count(f"throttle:user:{row[0]}:{window_s}:{window}", window_s) > allowed:
+        return _problem(429, "throttled")
+    if not _view_perm:
+        _view_perm.append(Permission.objects.get(codename=VIEW, content_type__app_label="tenants").pk)
+    return row[0]
+
+
+def _iso(when) -> str | None:
+    return None if when is None else when.isoformat().replace("+00:00", "Z")
+
+
+def _answer(row: tuple, names) -> dict:
+    return {
+        "id": str(row[0]),
+        "tenant": row[1],
+        "name": row[2],
+        "scenario": names.scenario[row[3]],
+        "gpu_model": names.gpu_model[row[4]],
+        "gpus": row[5],
+        "nodes": row[6],
+        "walltime_minutes": row[7],
+        "priority": row[8],
+        "state": row[9],
+        "reason": row[10],
+        "cluster": names.cluster[row[11]],
+        "partition": names.partition[row[12]],
+        "backend_id": row[13],
+        "submitted_by": row[14],
+        "created": _iso(row[15]),
+        "started_at": _iso(row[16]),
+        "finished_at": _iso(row[17]),
+        "exit_code": row[18],
+        "gpu_hours": None if row[19] is None else float(row[19]),
+        "gpu_hours_reserved": float(Decimal(row[20]).quantize(Decimal("0.01"))),
+    }
+
+
+def _json(body: dict) -> HttpResponse:
+    return HttpResponse(json.dumps(body), content_type="application/json")
+
+
+def job(request, pk: int) -> HttpResponse:
+    with connection.cursor() as cursor:
+        user_id = _caller(request, cursor)
+        if isinstance(user_id, HttpResponse):
+            return user_id
+        cursor.execute(SQL_JOB, [user_id, _view_perm[0], pk])
+        row = cursor.fetchone()
+    if row is None:
+        return _problem(404, "not_found")
+    return _json(_answer(row, catalog_names([_Row(row)])))
+
+
+def jobs(request) -> HttpResponse:
+    states = request.GET.getlist("state")
+    try:
+        size = min(200, max(1, int(request.GET.get("page_size", 50))))
+        before = int(request.GET.get("before", 2**62))
+    except ValueError:
+        return _problem(400, "invalid")
+    if not states or "tenant" not in request.GET:
+        return _problem(400, "invalid")
+    with connection.cursor() as cursor:
+        user_id = _caller(request, cursor)
+        if isinstance(user_id, HttpResponse):
+            return user_id
+        sql = SQL_PAGE.format(states=", ".join(["%s"] * len(states)))
+        cursor.execute(sql, [user_id, _view_perm[0], request.GET["tenant"], *states, before, size + 1])
+        rows = cursor.fetchall()
+    page = rows[:size]
+    names = catalog_names([_Row(row) for row in page])
+    more = (
+        f"?tenant={request.GET['tenant']}&page_size={size}&before={page[-1][0]}" if len(rows) > size else None
+    )
+    return _json({"next": more, "previous": None, "results": [_answer(row, names) for row in page]})
+
+
+urlpatterns = [
+    path("api/v1/jobs/<int:pk>/", job),
+    path("api/v1/jobs/", jobs),
+]
