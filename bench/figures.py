@@ -149,3 +149,22 @@ def print_summary(results: dict) -> None:
     print("\n== targets")
     for t in results["targets"]:
         print(f"  {'PASS' if t['pass'] else 'FAIL'}  {t['target']:<44}{t['figure']:>22}   {t['bound']}")
+    if floor := floor_lines(results):
+        print("\n== the floor against the same bounds (bench/floor_views.py; not the portal)")
+        for line in floor:
+            print(f"  {line}")
+
+
+def floor_lines(results: dict) -> list[str]:
+    """Phases g and h against the bounds of a and c: what a bare Django view reaches here."""
+    lines = []
+    g = results["phases"].get("g", {}).get("endpoints", {})
+    if (mine := g.get("floor GET job")) and (peer := g.get("slurmrestd GET job")):
+        ratio = mine["p99_ms"] / peer["p99_ms"]
+        lines.append(
+            f"get a job P99: {mine['p99_ms']:.1f} ms = {ratio:.2f} × slurmrestd's {peer['p99_ms']:.1f} ms (bound 1.5 ×)"
+        )
+    h = results["phases"].get("h", {}).get("endpoints", {})
+    if row := h.get("floor GET jobs (50, state)"):
+        lines.append(f"tenant job list P99: {row['p99_ms']:.1f} ms (bound {TARGETS_MS['list_p99']:g} ms)")
+    return lines

@@ -2,7 +2,7 @@
 run on the same machine, so that the ratios between them hold however noisy the machine is.
 
     .venv/bin/python bench/load.py --url http://127.0.0.1:8765 --site var/bench/site.json \\
-        --stack-dir var/stack [--rate 100] [--duration 30] [--phases abcdef] [--json out.json]
+        --stack-dir var/stack [--rate 100] [--duration 30] [--phases abcdefgh] [--json out.json]
 
 The site file is what `manage.py seed_site … --out` writes: the cluster, and users with their API
 tokens and tenants (each tenant with a scenario, GPU model and partition a submit can use).
@@ -568,7 +568,7 @@ def main() -> None:
     parser.add_argument("--testbed-env", default=str(ROOT / "var" / "testbed" / "testbed.env"))
     parser.add_argument("--rate", type=float, default=100.0, help="requests/s per stream")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds per open-loop phase")
-    parser.add_argument("--phases", default="abcdef")
+    parser.add_argument("--phases", default="abcdefgh")
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds of phase d")
     parser.add_argument("--sbatch-seconds", type=float, default=5.0)
     parser.add_argument(
