@@ -65,12 +65,12 @@ def catalog_names_forget() -> None:
 
 
 def catalog_names(rows: Iterable) -> CatalogNames:
-    """The catalog's names that these rows (jobs, say) refer to by scenario_id, gpu_model_id,
-    cluster_id and partition_id: from the process's copy, else in one query whatever the number
-    of rows. Reading them apart from the rows keeps four joins out of every job query, which
-    PostgreSQL took longer to plan than to run. Plain SQL: the ORM's union of four querysets
-    cost more to build than the rest of a job's answer. Table and column names come from the
-    models, the ids are parameters."""
+    """The catalog's names that these rows (jobs, or dicts of a values() query) refer to by
+    scenario_id, gpu_model_id, cluster_id and partition_id: from the process's copy, else in
+    one query whatever the number of rows. Reading them apart from the rows keeps four joins out
+    of every job query, which PostgreSQL took longer to plan than to run. Plain SQL: the ORM's
+    union of four querysets cost more to build than the rest of a job's answer. Table and column
+    names come from the models, the ids are parameters."""
     global _names, _names_read_at
     if time.monotonic() - _names_read_at > NAMES_TTL_S:
         _names, _names_read_at = {}, time.monotonic()
@@ -78,9 +78,9 @@ def catalog_names(rows: Iterable) -> CatalogNames:
     rows = list(rows)
     selects, params = [], []
     for index, (kind, model, column) in enumerate(_CATALOG):
-        ids = sorted(
-            {pk for row in rows if (pk := getattr(row, f"{kind}_id")) is not None} - names[kind].keys()
-        )
+        key = f"{kind}_id"
+        refs = (row[key] if isinstance(row, dict) else getattr(row, key) for row in rows)
+        ids = sorted({pk for pk in refs if pk is not None} - names[kind].keys())
         if ids:
             table, column = connection.ops.quote_name(model._meta.db_table), connection.ops.quote_name(column)
             marks = ", ".join(["%s"] * len(ids))

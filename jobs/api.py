@@ -12,7 +12,13 @@ from jobs import services
 from jobs.filters import JobFilter
 from jobs.job_templates import TEMPLATES
 from jobs.models import Job
-from jobs.selectors import job_is_own_or_managed, jobs_answered_to, jobs_visible_to, usage_of
+from jobs.selectors import (
+    job_is_own_or_managed,
+    job_rows_answered_to,
+    jobs_answered_to,
+    jobs_visible_to,
+    usage_of,
+)
 from jobs.serializers import (
     JobDetailOut,
     JobEventOut,
@@ -43,6 +49,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def get_queryset(self):
         if self.action in ("events", "log"):  # these read the job's cluster, token and events
             return jobs_visible_to(user=self.request.user)
+        if self.action == "list":
+            return job_rows_answered_to(user=self.request.user)
         return jobs_answered_to(user=self.request.user, detail=self.action == "retrieve")
 
     def filter_queryset(self, queryset):

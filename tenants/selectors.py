@@ -9,6 +9,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 
+from portal.core.compiled import CompiledQuery
 from portal.core.models import AuditEvent
 from tenants.models import Membership, QuotaGrant, QuotaRequest, Tenant, TenantUserPermission
 from tenants.roles import ALL_PERMISSIONS, VIEW, VIEW_AUDIT
@@ -35,15 +36,23 @@ def tenant_ids_visible_to(*, user: AbstractBaseUser) -> QuerySet:
 _perms_memo: ContextVar[dict | None] = ContextVar("tenant_perms_memo", default=None)
 
 
+# Every API request reads its caller's permissions: compiled once (portal.core.compiled).
+_PERMS_OF_USER = CompiledQuery(
+    lambda user_id: TenantUserPermission.objects.filter(
+        user_id=user_id, permission__content_type__app_label="tenants"
+    ).values_list("content_object_id", "permission__codename"),
+    -7_300_001,
+)
+
+
 def tenant_perm_map(*, user: AbstractBaseUser) -> dict[int, frozenset[str]]:
     """The tenants where the (active, non-admin) user holds a permission, with those
     permissions, in one query; memoized for the request."""
     memo = _perms_memo.get()
     if memo is not None and user.pk in memo:
         return memo[user.pk]
-    rows = TenantUserPermission.objects.filter(user=user, permission__content_type__app_label="tenants")
     by_tenant = defaultdict(set)
-    for tenant_id, codename in rows.values_list("content_object_id", "permission__codename"):
+    for tenant_id, codename in _PERMS_OF_USER.rows(user.pk):
         by_tenant[tenant_id].add(codename)
     perms = {tenant_id: frozenset(codenames) for tenant_id, codenames in by_tenant.items()}
     if memo is not None:

@@ -10,7 +10,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from jobs.models import Job, JobState
-from jobs.selectors import jobs_answered_to
+from jobs.selectors import job_rows_answered_to, jobs_answered_to
 from jobs.serializers import JobDetailOut, JobOut
 
 pytestmark = pytest.mark.django_db
@@ -55,6 +55,17 @@ def test_a_page_answers_as_each_job_alone(owner, jobs):
     assert finished["started_at"] == "2026-03-29T00:59:59.123456Z"
     failed = next(row for row in JobOut(page, many=True).data if row["state"] == JobState.FAILED)
     assert (failed["submitted_by"], failed["exit_code"], failed["finished_at"]) == (None, -9, None)
+
+
+@pytest.mark.parametrize("tz", ["UTC", "Asia/Kolkata"])
+def test_the_lists_rows_answer_as_the_jobs_do(owner, jobs, tz):
+    """The API's list reads rows (dicts of a values() query), not jobs."""
+    with timezone.override(tz):
+        rows = list(job_rows_answered_to(user=owner).order_by("id"))
+        assert all(isinstance(row, dict) for row in rows)
+        page = list(jobs_answered_to(user=owner).order_by("id"))
+        assert JobOut(rows, many=True).data == [drf_walk(JobOut, job) for job in page]
+        assert JobOut(rows[0]).data == drf_walk(JobOut, page[0])
 
 
 def test_values_not_yet_stored_are_rounded_as_drf_rounds_them(owner, make_job):

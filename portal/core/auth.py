@@ -1,9 +1,40 @@
+from django.contrib.auth import get_user_model
+from django.db import DEFAULT_DB_ALIAS
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.request import Request
 
+from portal.core.compiled import CompiledQuery
 from portal.core.models import ApiToken, token_digest
 from portal.core.services import token_touch
+
+TOKEN_FIELDS = ("id", "user_id", "last_used")  # what a request reads of its token (token_touch)
+
+
+def _user_fields() -> list[str]:
+    return [field.attname for field in get_user_model()._meta.concrete_fields]
+
+
+# The token and its whole user in one query, compiled once (portal.core.compiled): every API
+# request makes it. key_digest is unique, so it finds one row or none.
+_TOKEN_BY_DIGEST = CompiledQuery(
+    lambda digest: ApiToken.objects.filter(key_digest=digest).values_list(
+        *TOKEN_FIELDS, *(f"user__{name}" for name in _user_fields())
+    ),
+    "probe:key_digest",
+)
+
+
+def token_and_user(key: str):
+    """(token, user) for an API key, or None. The token holds only TOKEN_FIELDS; the rest loads
+    when read."""
+    rows = _TOKEN_BY_DIGEST.rows(token_digest(key))
+    if not rows:
+        return None
+    user = get_user_model().from_db(DEFAULT_DB_ALIAS, _user_fields(), rows[0][len(TOKEN_FIELDS) :])
+    token = ApiToken.from_db(DEFAULT_DB_ALIAS, TOKEN_FIELDS, rows[0][: len(TOKEN_FIELDS)])
+    ApiToken.user.field.set_cached_value(token, user)
+    return token, user
 
 
 class HashedTokenAuthentication(BaseAuthentication):
@@ -21,14 +52,12 @@ class HashedTokenAuthentication(BaseAuthentication):
             key = parts[1].decode("ascii")
         except UnicodeDecodeError:
             raise AuthenticationFailed("Invalid token.") from None
-        try:  # key_digest is unique: get(), not first(), which would order by id for nothing
-            token = ApiToken.objects.select_related("user").get(key_digest=token_digest(key))
-        except ApiToken.DoesNotExist:
-            token = None
-        if token is None or not token.user.is_active:
+        found = token_and_user(key)
+        if found is None or not found[1].is_active:
             raise AuthenticationFailed("Invalid or revoked token.")
+        token, user = found
         token_touch(token=token)
-        return token.user, token
+        return user, token
 
     def authenticate_header(self, request: Request) -> str:
         return self.keyword

@@ -1,0 +1,123 @@
+"""portal.core.compiled.CompiledQuery: the SQL compiled once answers what the QuerySet answers,
+converted as the ORM converts it, for any values; a probe that does not stand for exactly one
+parameter is refused; a thread with its own connection compiles its own."""
+
+import threading
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from jobs.models import Job
+from portal.core.auth import token_and_user
+from portal.core.compiled import CompiledQuery
+from portal.core.models import ApiToken
+from portal.core.services import token_create
+
+pytestmark = pytest.mark.django_db(transaction=True)  # a second thread reads what this one wrote
+
+FIELDS = ("id", "name", "state", "created", "finished_at", "gpu_hours", "parameters", "tenant__slug")
+
+
+class Counted:
+    """A build function that counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, tenant_id, state):
+        self.calls += 1
+        return Job.objects.filter(tenant_id=tenant_id, state=state).order_by("id").values_list(*FIELDS)
+
+
+@pytest.fixture
+def jobs(owner, make_job):
+    made = [make_job(owner, state=state) for state in ("COMPLETED", "COMPLETED", "FAILED")]
+    made[0].finished_at, made[0].gpu_hours = timezone.now() - timedelta(hours=1), Decimal("1.2345")
+    made[0].parameters = {"steps": 10}
+    made[0].save()
+    return made
+
+
+def test_rows_are_the_querysets_own_for_every_value(jobs):
+    build = Counted()
+    query = CompiledQuery(build, -1, "probe:state")
+    tenant_id = jobs[0].tenant_id
+    for state in ("COMPLETED", "FAILED", "RUNNING"):
+        expected = list(build(tenant_id, state))
+        assert query.rows(tenant_id, state) == expected
+    assert len(query.rows(tenant_id, "COMPLETED")) == 2
+    finished = query.rows(tenant_id, "COMPLETED")[0]
+    # converted as the ORM converts: an aware datetime, a Decimal and JSON decoded (by the field's
+    # from_db_value, on PostgreSQL too), on SQLite as on PostgreSQL
+    assert finished[4].tzinfo is not None and finished[5] == Decimal("1.2345")
+    assert finished[6] == {"steps": 10}
+    assert build.calls == 3 + 1  # three QuerySets above, one compile for every call of rows()
+
+
+def test_each_call_is_one_query(jobs):
+    query = CompiledQuery(Counted(), -1, "probe:state")
+    query.rows(jobs[0].tenant_id, "FAILED")
+    with CaptureQueriesContext(connection) as queries:
+        query.rows(jobs[0].tenant_id, "COMPLETED")
+    assert len(queries) == 1
+
+
+@pytest.mark.parametrize(
+    ("probe", "why"),
+    [
+        ((-1, "COMPLETED"), "is 0 of"),  # a probe the query never binds: a string that is no parameter
+        ((-1, -1), "is 2 of"),  # the same value twice: which parameter is which?
+    ],
+)
+def test_a_probe_that_is_not_exactly_one_parameter_is_refused(db, probe, why):
+    def build(tenant_id, other):
+        if other == "COMPLETED":  # the probe value vanishes from the parameters
+            return Job.objects.filter(tenant_id=tenant_id).values_list("id")
+        return Job.objects.filter(tenant_id=tenant_id, id=other).values_list("id")
+
+    with pytest.raises(ValueError, match=why):
+        CompiledQuery(build, *probe).rows(1, 2)
+
+
+def test_a_wrong_number_of_values_is_refused(jobs):
+    with pytest.raises(ValueError):
+        CompiledQuery(Counted(), -1, "probe:state").rows(jobs[0].tenant_id)
+
+
+def test_another_thread_compiles_for_its_own_connection(jobs):
+    build = Counted()
+    query = CompiledQuery(build, -1, "probe:state")
+    here = query.rows(jobs[0].tenant_id, "COMPLETED")
+    there = []
+
+    def read():
+        try:
+            there.append(query.rows(jobs[0].tenant_id, "COMPLETED"))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    thread.join(timeout=30)
+    assert there == [here]
+    assert build.calls == 2
+
+
+def test_a_token_finds_its_whole_user_and_loads_the_rest_when_read(member):
+    key = token_create(user=member, name="ci")[1]
+    token, user = token_and_user(key)
+    assert (user.pk, user.username, user.is_active, user.email) == (
+        member.pk,
+        member.username,
+        True,
+        member.email,
+    )
+    assert token.user is user and token.pk == ApiToken.objects.get(user=member, name="ci").pk
+    with CaptureQueriesContext(connection) as queries:
+        assert token.name == "ci"  # not read with the token: loaded now
+    assert len(queries) == 1
+    assert token_and_user(key + "x") is None
