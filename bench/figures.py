@@ -162,9 +162,12 @@ def floor_lines(results: dict) -> list[str]:
     if (mine := g.get("floor GET job")) and (peer := g.get("slurmrestd GET job")):
         ratio = mine["p99_ms"] / peer["p99_ms"]
         lines.append(
-            f"get a job P99: {mine['p99_ms']:.1f} ms = {ratio:.2f} × slurmrestd's {peer['p99_ms']:.1f} ms (bound 1.5 ×)"
+            f"get a job P99: {mine['p99_ms']:.1f} ms = {ratio:.2f} × slurmrestd's {peer['p99_ms']:.1f} ms "
+            f"(bound 1.5 ×), {mine['errors']} errors"
         )
     h = results["phases"].get("h", {}).get("endpoints", {})
     if row := h.get("floor GET jobs (50, state)"):
-        lines.append(f"tenant job list P99: {row['p99_ms']:.1f} ms (bound {TARGETS_MS['list_p99']:g} ms)")
+        lines.append(
+            f"tenant job list P99: {row['p99_ms']:.1f} ms (bound {TARGETS_MS['list_p99']:g} ms), {row['errors']} errors"
+        )
     return lines

@@ -7,7 +7,8 @@ active user (one query with the join), the user throttle's counter (one Redis ro
 portal's own), the job or the page by hand-written SQL scoped by the caller's view permission
 in a subquery, the catalog names from the process (the portal's own), and json.dumps. No Django
 REST framework, no ORM query built per request, no serializer, no FilterSet, no cursor
-pagination (the next page is the last id). What it answers matches JobOut's 21 fields.
+pagination (the next page is the last id). What it answers matches JobOut's 21 fields (times in
+UTC, the bench's time zone).
 
 It is a yardstick, not a design: the portal's views also check platform admins, roles, the
 query string's every field, idempotency and the answer's schema. The gap between this floor and
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 from decimal import Decimal
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -82,7 +84,7 @@ def _caller(request, cursor) -> int | HttpResponse:
         return _problem(401, "authentication_failed")
     allowed, window_s = SimpleRateThrottle.parse_rate(None, settings.API_THROTTLE_RATES["user"])
     window = int(time.time() // window_s)
-    if _count(f"throttle:user:{row[0]}:{window_s}:{window}", window_s) > allowed:
+    if _count(f"throttle:floor:{row[0]}:{window_s}:{window}", window_s) > allowed:  # not the portal's
         return _problem(429, "throttled")
     if not _view_perm:
         _view_perm.append(Permission.objects.get(codename=VIEW, content_type__app_label="tenants").pk)
@@ -153,9 +155,10 @@ def jobs(request) -> HttpResponse:
         rows = cursor.fetchall()
     page = rows[:size]
     names = catalog_names([_Row(row) for row in page])
-    more = (
-        f"?tenant={request.GET['tenant']}&page_size={size}&before={page[-1][0]}" if len(rows) > size else None
-    )
+    more = None
+    if len(rows) > size:
+        query = {"tenant": request.GET["tenant"], "state": states, "page_size": size, "before": page[-1][0]}
+        more = "?" + urlencode(query, doseq=True)
     return _json({"next": more, "previous": None, "results": [_answer(row, names) for row in page]})
 
 

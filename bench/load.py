@@ -524,29 +524,36 @@ class FloorServer:
     def __init__(self, port: int, stack_dir: Path) -> None:
         self.port, self.stack_dir, self.proc = port, stack_dir, None
 
+    MAX_WORKERS = 9  # each holds a database connection
+
     def workers(self) -> int:
         try:
-            master = int((self.stack_dir / "web.pid").read_text())
+            count = len(_children(int((self.stack_dir / "web.pid").read_text())))
         except (OSError, ValueError):
-            return 2 * (os.cpu_count() or 1) + 1
-        return max(1, len(_children(master)))
+            count = 2 * (os.cpu_count() or 1) + 1
+        return min(self.MAX_WORKERS, max(1, count))
 
     def __enter__(self) -> str:
         url = f"http://127.0.0.1:{self.port}"
+        probe = peers.LoopbackHttp(url, timeout_s=5)
+        with contextlib.suppress(OSError):
+            probe.request("GET", "/", {}, None)
+            raise SystemExit(f"{url} already answers: the floor needs the port (--floor-port)")
         env = os.environ | {"DJANGO_SETTINGS_MODULE": "bench.floor_settings"}
         gunicorn = Path(sys.executable).with_name("gunicorn")
-        self.proc = subprocess.Popen(
-            [str(gunicorn), "portal.wsgi", "--bind", f"127.0.0.1:{self.port}", "--workers", str(self.workers())],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        probe = peers.LoopbackHttp(url, timeout_s=5)
+        with (self.stack_dir / "floor.log").open("ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(
+                [str(gunicorn), "portal.wsgi", "--bind", f"127.0.0.1:{self.port}", "--workers", str(self.workers())],
+                cwd=ROOT, env=env, stdout=log, stderr=log,
+            )  # fmt: skip
         deadline = time.monotonic() + self.READY_S
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError):
-                if probe.request("GET", "/api/v1/jobs/1/", {}, None)[0] == 401:
+                if probe.request("GET", "/api/v1/jobs/1/", {}, None)[0] == 401 and self.proc.poll() is None:
                     return url
             if self.proc.poll() is not None:
-                raise SystemExit(f"the floor's gunicorn exited with {self.proc.returncode}")
+                log = self.stack_dir / "floor.log"
+                raise SystemExit(f"the floor's gunicorn exited with {self.proc.returncode}; see {log}")
             time.sleep(0.2)
         self.__exit__()
         raise SystemExit(f"the floor's gunicorn did not answer on {url} within {self.READY_S:g} s")

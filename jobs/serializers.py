@@ -93,6 +93,8 @@ class JobListOut(serializers.ListSerializer):
     catalog's names for the whole page in one read."""
 
     def to_representation(self, data):
+        if type(self.child) is not JobOut:  # JobDetailOut adds its fields to each answer
+            return super().to_representation(data)
         rows = list(data.all() if isinstance(data, Manager) else data)
         names, tz = catalog_names(rows), timezone.get_current_timezone()
         return [job_answer(row if isinstance(row, dict) else job_row(row), names, tz) for row in rows]

@@ -83,6 +83,17 @@ def test_a_probe_that_is_not_exactly_one_parameter_is_refused(db, probe, why):
         CompiledQuery(build, *probe).rows(1, 2)
 
 
+def test_a_probe_equal_to_a_constant_of_the_query_is_refused(db):
+    query = CompiledQuery(lambda state: Job.objects.filter(state=state, reason="x").values_list("id"), "x")
+    with pytest.raises(ValueError, match="is 2 of"):
+        query.rows("RUNNING")
+
+
+def test_only_ints_and_strings_stand_for_parameters(db):
+    with pytest.raises(TypeError):
+        CompiledQuery(lambda hours: Job.objects.filter(gpu_hours=hours).values_list("id"), Decimal("1.5"))
+
+
 def test_a_wrong_number_of_values_is_refused(jobs):
     with pytest.raises(ValueError):
         CompiledQuery(Counted(), -1, "probe:state").rows(jobs[0].tenant_id)

@@ -64,8 +64,15 @@ def test_the_lists_rows_answer_as_the_jobs_do(owner, jobs, tz):
         rows = list(job_rows_answered_to(user=owner).order_by("id"))
         assert all(isinstance(row, dict) for row in rows)
         page = list(jobs_answered_to(user=owner).order_by("id"))
-        assert JobOut(rows, many=True).data == [drf_walk(JobOut, job) for job in page]
+        answers = JobOut(rows, many=True).data
+        assert answers == [drf_walk(JobOut, job) for job in page]
+        assert all(list(answer) == JobOut.Meta.fields for answer in answers)
         assert JobOut(rows[0]).data == drf_walk(JobOut, page[0])
+
+
+def test_a_page_of_detailed_jobs_keeps_their_detail(owner, jobs):
+    page = list(jobs_answered_to(user=owner, detail=True).order_by("id"))
+    assert JobDetailOut(page, many=True).data == [drf_walk(JobDetailOut, job) for job in page]
 
 
 def test_values_not_yet_stored_are_rounded_as_drf_rounds_them(owner, make_job):

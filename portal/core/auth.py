@@ -8,7 +8,12 @@ from portal.core.compiled import CompiledQuery
 from portal.core.models import ApiToken, token_digest
 from portal.core.services import token_touch
 
-TOKEN_FIELDS = ("id", "user_id", "last_used")  # what a request reads of its token (token_touch)
+TOKEN_READ = {"id", "user_id", "last_used"}  # what a request reads of its token (token_touch)
+
+
+def _token_fields() -> list[str]:
+    """TOKEN_READ in the model's order of fields, the order Model.from_db takes values in."""
+    return [field.attname for field in ApiToken._meta.concrete_fields if field.attname in TOKEN_READ]
 
 
 def _user_fields() -> list[str]:
@@ -19,20 +24,21 @@ def _user_fields() -> list[str]:
 # request makes it. key_digest is unique, so it finds one row or none.
 _TOKEN_BY_DIGEST = CompiledQuery(
     lambda digest: ApiToken.objects.filter(key_digest=digest).values_list(
-        *TOKEN_FIELDS, *(f"user__{name}" for name in _user_fields())
+        *_token_fields(), *(f"user__{name}" for name in _user_fields())
     ),
     "probe:key_digest",
 )
 
 
 def token_and_user(key: str):
-    """(token, user) for an API key, or None. The token holds only TOKEN_FIELDS; the rest loads
+    """(token, user) for an API key, or None. The token holds only TOKEN_READ; the rest loads
     when read."""
     rows = _TOKEN_BY_DIGEST.rows(token_digest(key))
     if not rows:
         return None
-    user = get_user_model().from_db(DEFAULT_DB_ALIAS, _user_fields(), rows[0][len(TOKEN_FIELDS) :])
-    token = ApiToken.from_db(DEFAULT_DB_ALIAS, TOKEN_FIELDS, rows[0][: len(TOKEN_FIELDS)])
+    token_fields = _token_fields()
+    user = get_user_model().from_db(DEFAULT_DB_ALIAS, _user_fields(), rows[0][len(token_fields) :])
+    token = ApiToken.from_db(DEFAULT_DB_ALIAS, token_fields, rows[0][: len(token_fields)])
     ApiToken.user.field.set_cached_value(token, user)
     return token, user
 

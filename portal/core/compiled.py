@@ -10,6 +10,7 @@ what it returns is what the QuerySet itself would return.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -22,11 +23,15 @@ class CompiledQuery:
 
     Each probe value stands for one parameter: it must appear exactly once among the compiled
     query's parameters (the compile fails otherwise), so choose values that no constant of the
-    query equals. The query's shape must not depend on the values (a None, an empty list)."""
+    query equals. The query's shape must not depend on the values (a None, an empty list).
+    Probes and values are ints and strings: they go to the database as they are, without the
+    field's conversion that a date, a Decimal or a model instance would need."""
 
     def __init__(self, build: Callable[..., QuerySet], *probe) -> None:
+        if not all(type(value) in (int, str) for value in probe):
+            raise TypeError("probe values must be ints or strings")
         self.build, self.probe = build, probe
-        self._compiled: dict[str, tuple] = {}
+        self._local = threading.local()
 
     def _compile(self, using: str) -> tuple:
         connection = connections[using]
@@ -38,12 +43,18 @@ class CompiledQuery:
             if len(found) != 1:
                 raise ValueError(f"probe value {value!r} is {len(found)} of the query's parameters, not one")
             positions.append(found[0])
-        compiled = self._compiled[using] = (connection, compiler, sql, list(params), positions)
+        compiled = self._compiled()[using] = (connection, compiler, sql, list(params), positions)
         return compiled
 
+    def _compiled(self) -> dict[str, tuple]:
+        """This thread's compiled queries by database alias: a thread has its own connections."""
+        if not hasattr(self._local, "by_alias"):
+            self._local.by_alias = {}
+        return self._local.by_alias
+
     def rows(self, *values, using: str = DEFAULT_DB_ALIAS) -> list[tuple]:
-        compiled = self._compiled.get(using)
-        # Connections are per thread: a compiler keeps the one it was made with.
+        compiled = self._compiled().get(using)
+        # A compiler keeps the connection it was made with; a new one (tests swap them) recompiles.
         if compiled is None or compiled[0] is not connections[using]:
             compiled = self._compile(using)
         connection, compiler, sql, params, positions = compiled
