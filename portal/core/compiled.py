@@ -1,4 +1,4 @@
-"""A query that every request makes, compiled to SQL once per process.
+"""A query that every request makes, compiled to SQL once per thread and connection.
 
 Django builds and compiles a QuerySet anew on every call. For the few queries that every API
 request makes (its token, its permissions), that Python cost was two to four times what
