@@ -5,10 +5,10 @@ served only by the bench's own gunicorn (settings bench.floor_settings), never b
 Each view does what the API's answer needs and nothing more: the token by its digest and its
 active user (one query with the join), the user throttle's counter (one Redis round trip, the
 portal's own), the job or the page by hand-written SQL scoped by the caller's view permission
-in a subquery, the catalog names from the process (the portal's own), and json.dumps. No Django
-REST framework, no ORM query built per request, no serializer, no FilterSet, no cursor
-pagination (the next page is the last id). What it answers matches JobOut's 21 fields (times in
-UTC, the bench's time zone).
+in a subquery, the catalog names from the process and each job's answer from its row (the
+portal's own catalog_names and job_answer), and json.dumps. No Django REST framework view, no
+ORM query built per request, no FilterSet, no cursor pagination (the next page is the last id).
+Its answers are JobOut's (times in UTC, the bench's time zone).
 
 It is a yardstick, not a design: the portal's views also check platform admins, roles, the
 query string's every field, idempotency and the answer's schema. The gap between this floor and
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from decimal import Decimal
+from datetime import UTC
 from urllib.parse import urlencode
 
 from django.conf import settings
@@ -30,9 +30,12 @@ from django.db import connection
 from django.http import HttpResponse
 from django.urls import path
 from rest_framework.throttling import SimpleRateThrottle
+from rest_framework.utils.encoders import JSONEncoder
 
 from clusters.selectors import catalog_names
 from jobs.models import Job
+from jobs.selectors import API_JOB_FIELDS
+from jobs.serializers import job_answer
 from portal.core.models import ApiToken, token_digest
 from portal.core.throttles import _count
 from tenants.models import Tenant, TenantUserPermission
@@ -46,7 +49,7 @@ TOKEN, PERM = ApiToken._meta.db_table, TenantUserPermission._meta.db_table
 SQL_TOKEN = (
     f"SELECT u.id FROM {TOKEN} t JOIN {USER} u ON u.id = t.user_id WHERE t.key_digest = %s AND u.is_active"  # noqa: S608
 )
-COLUMNS = (
+COLUMNS = (  # jobs.selectors.API_JOB_FIELDS, in their order
     "j.id, t.slug, j.name, j.scenario_id, j.gpu_model_id, j.gpus, j.nodes, j.walltime_minutes, j.priority, "
     "j.state, j.reason, j.cluster_id, j.partition_id, j.backend_id, u.username, j.created, j.started_at, "
     "j.finished_at, j.exit_code, j.gpu_hours, j.reserved_gpu_hours"
@@ -58,14 +61,6 @@ FROM = (
 SQL_JOB = f"SELECT {COLUMNS} {FROM} AND j.id = %s"
 SQL_PAGE = f"SELECT {COLUMNS} {FROM} AND t.slug = %s AND j.state IN ({{states}}) AND j.id < %s ORDER BY j.id DESC LIMIT %s"
 _view_perm: list[int] = []
-
-
-class _Row:
-    """What catalog_names reads of a job: its four catalog ids."""
-
-    def __init__(self, row: tuple) -> None:
-        self.scenario_id, self.gpu_model_id = row[3], row[4]
-        self.cluster_id, self.partition_id = row[11], row[12]
 
 
 def _problem(status: int, code: str) -> HttpResponse:
@@ -91,38 +86,13 @@ def _caller(request, cursor) -> int | HttpResponse:
     return row[0]
 
 
-def _iso(when) -> str | None:
-    return None if when is None else when.isoformat().replace("+00:00", "Z")
-
-
-def _answer(row: tuple, names) -> dict:
-    return {
-        "id": str(row[0]),
-        "tenant": row[1],
-        "name": row[2],
-        "scenario": names.scenario[row[3]],
-        "gpu_model": names.gpu_model[row[4]],
-        "gpus": row[5],
-        "nodes": row[6],
-        "walltime_minutes": row[7],
-        "priority": row[8],
-        "state": row[9],
-        "reason": row[10],
-        "cluster": names.cluster[row[11]],
-        "partition": names.partition[row[12]],
-        "backend_id": row[13],
-        "submitted_by": row[14],
-        "created": _iso(row[15]),
-        "started_at": _iso(row[16]),
-        "finished_at": _iso(row[17]),
-        "exit_code": row[18],
-        "gpu_hours": None if row[19] is None else float(row[19]),
-        "gpu_hours_reserved": float(Decimal(row[20]).quantize(Decimal("0.01"))),
-    }
+def _rows(fetched: list[tuple]) -> list[dict]:
+    """COLUMNS are API_JOB_FIELDS in their order: rows as the portal's list reads them."""
+    return [dict(zip(API_JOB_FIELDS, row, strict=True)) for row in fetched]
 
 
 def _json(body: dict) -> HttpResponse:
-    return HttpResponse(json.dumps(body), content_type="application/json")
+    return HttpResponse(json.dumps(body, cls=JSONEncoder), content_type="application/json")  # DRF's: Decimals
 
 
 def job(request, pk: int) -> HttpResponse:
@@ -131,10 +101,10 @@ def job(request, pk: int) -> HttpResponse:
         if isinstance(user_id, HttpResponse):
             return user_id
         cursor.execute(SQL_JOB, [user_id, _view_perm[0], pk])
-        row = cursor.fetchone()
-    if row is None:
+        found = _rows(cursor.fetchall())
+    if not found:
         return _problem(404, "not_found")
-    return _json(_answer(row, catalog_names([_Row(row)])))
+    return _json(job_answer(found[0], catalog_names(found), UTC))
 
 
 def jobs(request) -> HttpResponse:
@@ -152,14 +122,19 @@ def jobs(request) -> HttpResponse:
             return user_id
         sql = SQL_PAGE.format(states=", ".join(["%s"] * len(states)))
         cursor.execute(sql, [user_id, _view_perm[0], request.GET["tenant"], *states, before, size + 1])
-        rows = cursor.fetchall()
+        rows = _rows(cursor.fetchall())
     page = rows[:size]
-    names = catalog_names([_Row(row) for row in page])
+    names = catalog_names(page)
     more = None
     if len(rows) > size:
-        query = {"tenant": request.GET["tenant"], "state": states, "page_size": size, "before": page[-1][0]}
+        query = {
+            "tenant": request.GET["tenant"],
+            "state": states,
+            "page_size": size,
+            "before": page[-1]["id"],
+        }
         more = "?" + urlencode(query, doseq=True)
-    return _json({"next": more, "previous": None, "results": [_answer(row, names) for row in page]})
+    return _json({"next": more, "previous": None, "results": [job_answer(row, names, UTC) for row in page]})
 
 
 urlpatterns = [

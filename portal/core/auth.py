@@ -1,3 +1,5 @@
+from functools import cache
+
 from django.contrib.auth import get_user_model
 from django.db import DEFAULT_DB_ALIAS
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
@@ -11,11 +13,13 @@ from portal.core.services import token_touch
 TOKEN_READ = {"id", "user_id", "last_used"}  # what a request reads of its token (token_touch)
 
 
+@cache
 def _token_fields() -> list[str]:
     """TOKEN_READ in the model's order of fields, the order Model.from_db takes values in."""
     return [field.attname for field in ApiToken._meta.concrete_fields if field.attname in TOKEN_READ]
 
 
+@cache
 def _user_fields() -> list[str]:
     return [field.attname for field in get_user_model()._meta.concrete_fields]
 
