@@ -2,7 +2,7 @@ from django.core.validators import MinValueValidator, URLValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from portal.core.validators import slug_validator
+from portal.core.validators import cluster_username_validator, slug_validator
 
 
 class Vendor(models.TextChoices):
@@ -97,6 +97,23 @@ class ClusterKind(models.TextChoices):
     LOCAL = "local", _("Local")
 
 
+class JobIdentity(models.TextChoices):
+    """Whom a tenant's jobs run as on a Slurm cluster (docs/architecture.md, Identities)."""
+
+    TENANT = "tenant", _("A cluster account of the tenant's")
+    USER = "user", _("The researcher's own cluster username")
+
+
+def validate_identity_template(value: str) -> None:
+    from django.core.exceptions import ValidationError
+
+    try:
+        name = value.format(tenant="a")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValidationError(_("Use {tenant} and plain text only.")) from exc
+    cluster_username_validator(name)
+
+
 class Cluster(models.Model):
     """Where jobs run. Secrets (SSH private key, Kubernetes token and kubeconfig) are
     write-only: forms and the admin accept them, nothing shows or returns them."""
@@ -112,7 +129,29 @@ class Cluster(models.Model):
     ssh_known_hosts = models.TextField(blank=True, help_text=_("known_hosts lines for the login node"))
     ssh_private_key = models.TextField(blank=True)
     slurm_cluster_name = models.CharField(max_length=64, blank=True)
-    scratch_root = models.CharField(max_length=255, blank=True)
+    scratch_root = models.CharField(
+        max_length=255,
+        blank=True,
+        help_text=_(
+            "Slurm: absolute path, shared by the login and compute nodes, where each job identity keeps "
+            "<identity>/<tenant>/ for its jobs' output and scratch"
+        ),
+    )
+    job_identity = models.CharField(
+        max_length=8,
+        choices=JobIdentity.choices,
+        default=JobIdentity.TENANT,
+        help_text=_("Slurm: whom jobs run as; never the portal's SSH user"),
+    )
+    tenant_identity_template = models.CharField(
+        max_length=64,
+        default="{tenant}",
+        validators=[validate_identity_template],
+        help_text=_(
+            "Slurm, per-tenant identities: the cluster account of a tenant's jobs, {tenant} being its slug; "
+            "a tenant's own setting for this cluster overrides it"
+        ),
+    )
     # Kubernetes: a kubeconfig, or an API URL with token and CA.
     k8s_api_url = models.URLField(blank=True)
     k8s_ca_cert = models.TextField(blank=True)
@@ -144,6 +183,24 @@ class Cluster(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class IdentityCheck(models.Model):
+    """What the last check on a cluster found of one job identity: "" when the portal's service
+    user can act as it, else what is wrong. Tenant pages show the problems of theirs."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="identity_checks")
+    username = models.CharField(max_length=32)
+    problem = models.CharField(max_length=300, blank=True)
+    checked_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "username"], name="identity_check_once_per_cluster")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.username} on {self.cluster}"
 
 
 class Partition(models.Model):

@@ -75,6 +75,9 @@ class Job(models.Model):
     reason = models.CharField(max_length=200, blank=True)
     raw_state = models.CharField(max_length=64, blank=True)
     backend_id = models.CharField(max_length=128, blank=True)
+    # The POSIX identity the job runs as on its cluster, fixed at submission ("" where the cluster
+    # kind has none): its sbatch, scancel, log and files are that identity's.
+    cluster_user = models.CharField(max_length=32, blank=True)
     node_list = models.CharField(max_length=500, blank=True)
     created = models.DateTimeField(auto_now_add=True)
     submitted_at = models.DateTimeField(null=True, blank=True)

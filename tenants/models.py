@@ -8,8 +8,8 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from guardian.models import GroupObjectPermissionBase, UserObjectPermissionBase
 
-from clusters.models import GpuModel, Scenario
-from portal.core.validators import reserved_slug_validator, slug_validator
+from clusters.models import Cluster, GpuModel, Scenario
+from portal.core.validators import cluster_username_validator, reserved_slug_validator, slug_validator
 
 
 class Tier(models.TextChoices):
@@ -88,6 +88,41 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.tenant} as {self.role}"
+
+
+class ClusterAccount(models.Model):
+    """The tenant's own cluster account on one cluster whose jobs run per tenant: the POSIX
+    identity its jobs run as there, instead of the cluster's name template. Two tenants never
+    share one."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="cluster_accounts")
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+")
+    username = models.CharField(max_length=32, validators=[cluster_username_validator])
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "cluster"], name="cluster_account_one_per_tenant"),
+            models.UniqueConstraint(fields=["cluster", "username"], name="cluster_account_not_shared"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.username} on {self.cluster_id}"
+
+
+class Profile(models.Model):
+    """What the portal knows of a user beyond django.contrib.auth: the researcher's own
+    username on the clusters whose jobs run per user."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="profile")
+    cluster_username = models.CharField(
+        max_length=32,
+        blank=True,
+        validators=[cluster_username_validator],
+        help_text=_("The researcher's POSIX user name on the clusters whose jobs run as their submitter"),
+    )
+
+    def __str__(self) -> str:
+        return f"profile of {self.user_id}"
 
 
 class RequestState(models.TextChoices):

@@ -7,11 +7,22 @@ from contextvars import ContextVar
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 
+from clusters.models import Cluster, ClusterKind, IdentityCheck, JobIdentity
 from portal.core.compiled import CompiledQuery
 from portal.core.models import AuditEvent
-from tenants.models import Membership, QuotaGrant, QuotaRequest, Tenant, TenantUserPermission
+from portal.core.validators import cluster_username_validator
+from tenants.models import (
+    ClusterAccount,
+    Membership,
+    Profile,
+    QuotaGrant,
+    QuotaRequest,
+    Tenant,
+    TenantUserPermission,
+)
 from tenants.roles import ALL_PERMISSIONS, VIEW, VIEW_AUDIT
 
 
@@ -153,3 +164,53 @@ def tenant_manager_emails(*, tenant: Tenant) -> list[str]:
         .exclude(user__email="")
         .values_list("user__email", flat=True)
     )
+
+
+# --- Cluster identities: whom a tenant's jobs run as on a cluster (docs/architecture.md)
+
+
+def job_identity_of(*, cluster: Cluster, tenant: Tenant, user: AbstractBaseUser | None) -> str | None:
+    """The POSIX identity a job of `user` in `tenant` runs as on `cluster`: "" where the cluster
+    kind has none (Kubernetes, local), the tenant's cluster account (its own setting, else the
+    cluster's template), or the user's own cluster username; None when there is none to use."""
+    if cluster.kind != ClusterKind.SLURM:
+        return ""
+    if cluster.job_identity == JobIdentity.USER:
+        name = Profile.objects.filter(user=user).values_list("cluster_username", flat=True).first() or ""
+    else:
+        own = ClusterAccount.objects.filter(tenant=tenant, cluster=cluster)
+        name = own.values_list("username", flat=True).first() or _from_template(cluster, tenant)
+    return name if name and name not in {"root", cluster.ssh_user} else None
+
+
+def _from_template(cluster: Cluster, tenant: Tenant) -> str:
+    try:
+        name = cluster.tenant_identity_template.format(tenant=tenant.slug)
+        cluster_username_validator(name)
+    except (KeyError, IndexError, ValueError, ValidationError):
+        return ""  # a slug too long for the template: the tenant needs a cluster account of its own
+    return name
+
+
+def tenant_identities(*, cluster: Cluster, tenant: Tenant) -> list[str]:
+    """Every identity the tenant's jobs may run as on the cluster: the one account of the
+    tenant's, or its members' own cluster usernames. [] where the kind has none."""
+    if cluster.kind != ClusterKind.SLURM:
+        return []
+    if cluster.job_identity == JobIdentity.USER:
+        names = Profile.objects.filter(user__memberships__tenant=tenant).exclude(cluster_username="")
+        found = set(names.values_list("cluster_username", flat=True))
+    else:
+        found = {job_identity_of(cluster=cluster, tenant=tenant, user=None)}
+    return sorted(name for name in found if name and name not in {"root", cluster.ssh_user})
+
+
+def identity_problems(*, tenant: Tenant) -> list[tuple[Cluster, str, str]]:
+    """(cluster, identity, problem) for each identity of the tenant's that the last check on an
+    enabled Slurm cluster found unusable: what the tenant's page reports."""
+    problems = []
+    for cluster in Cluster.objects.filter(kind=ClusterKind.SLURM, enabled=True):
+        names = tenant_identities(cluster=cluster, tenant=tenant)
+        checks = IdentityCheck.objects.filter(cluster=cluster, username__in=names).exclude(problem="")
+        problems += [(cluster, check.username, check.problem) for check in checks.order_by("username")]
+    return problems

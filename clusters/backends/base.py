@@ -91,6 +91,10 @@ class JobSpec:
     mem_per_gpu_mb: int = 16_000
     labels: dict[str, str] = field(default_factory=dict)  # tenant, job id, scenario
     image: str = ""  # kubernetes: the container image; "" takes the cluster's k8s_image
+    # The POSIX identity the job runs as (Slurm: a cluster account of the tenant's, or the
+    # submitter's own cluster username); never the portal's service user. "" where the cluster
+    # kind has none of its own (Kubernetes: the namespace is the identity; local: the sandbox).
+    user: str = ""
 
     @property
     def gpus(self) -> int:
@@ -116,6 +120,7 @@ class JobRef:
     backend_id: str
     token: str
     account: str
+    user: str = ""  # the identity it runs as (JobSpec.user): its files and its scancel are that identity's
 
 
 @dataclass(frozen=True)
@@ -161,6 +166,7 @@ class SchedulerJob:
     token: str
     account: str
     state: str  # a portal state, as in JobStatus
+    user: str = ""  # the identity it runs as ("" where the scheduler has no users: Kubernetes)
 
 
 @dataclass(frozen=True)
@@ -188,10 +194,14 @@ class Backend(Protocol):
     def submit(self, spec: JobSpec) -> str:
         """Submit; return the scheduler's id. Raises BackendUnavailable or BackendError."""
 
-    def find(self, token: str) -> str | None:
-        """The scheduler's id of the job carrying this token, or None."""
+    def find(self, token: str, *, account: str = "", user: str = "") -> str | None:
+        """The scheduler's id of the job carrying this token, or None. Where the scheduler knows
+        accounts and users (Slurm), a job counts only if its account and user are these too: a
+        job that another identity submitted with a copied token is never adopted."""
 
-    def cancel(self, backend_id: str) -> None: ...
+    def cancel(self, backend_id: str, *, user: str = "") -> None:
+        """Cancel the job, as `user` where the scheduler has users (as the cluster's operator
+        when user is "": an orphan that no identity of the portal's owns)."""
 
     def poll(self, backend_ids: list[str]) -> dict[str, JobStatus]:
         """Status of each job, in a bounded number of scheduler calls whatever the count. A job
@@ -205,20 +215,35 @@ class Backend(Protocol):
     def apply_tenant(self, limits: TenantLimits) -> None:
         """Create or update the tenant's account/namespace and its limits. Idempotent."""
 
+    def identities_check(self, users: list[str]) -> dict[str, str]:
+        """Per job identity, "" when it can run jobs on the cluster, else what is wrong (no such
+        user, not in the job identities' group). {} where the cluster has no identities."""
+
     def health(self) -> Health: ...
 
     def list_jobs(self, accounts: list[str]) -> list[SchedulerJob]:
         """Every job the scheduler holds now (not ended) under these accounts, with its token;
         a bounded number of scheduler calls whatever the count."""
 
-    def purge_scratch(self, account: str, *, older_than_days: int, dry_run: bool) -> PurgeReport:
+    def purge_scratch(
+        self, account: str, *, older_than_days: int, dry_run: bool, users: tuple[str, ...] = ()
+    ) -> PurgeReport:
         """Delete files older than `older_than_days` under the account's scratch directory and
         nowhere else: a path outside it, or a symlink leading out, is refused and reported.
-        Runs fixed argv lists; no path from a user reaches a shell."""
+        Runs fixed argv lists; no path from a user reaches a shell. Where jobs run as
+        identities (`users`, the account's), each identity's directory is purged as itself."""
 
-    def delete_finished(self, accounts: list[str], *, older_than_s: int, dry_run: bool) -> list[str]:
+    def delete_finished(
+        self,
+        accounts: list[str],
+        *,
+        older_than_s: int,
+        dry_run: bool,
+        users: dict[str, list[str]] | None = None,
+    ) -> list[str]:
         """Delete scheduler objects of jobs that ended more than `older_than_s` ago and that the
-        scheduler kept (Kubernetes Jobs past their TTL); the ids deleted. Others keep nothing: []."""
+        scheduler kept (Kubernetes Jobs past their TTL; Slurm: job logs, as each identity of
+        `users`, account → identities); the ids deleted. Others keep nothing: []."""
 
     def gpu_utilization(self, backend_ids: list[str]) -> dict[str, GpuSample]:
         """Per-job GPU utilization where the backend can read it (the local backend through

@@ -248,7 +248,7 @@ class LocalBackend:
             self._settle(state)
             return backend_id
 
-    def find(self, token: str) -> str | None:
+    def find(self, token: str, *, account: str = "", user: str = "") -> str | None:
         """The id of the job submitted with this token, if its directory exists."""
         if not _TOKEN.match(token):
             return None
@@ -271,7 +271,7 @@ class LocalBackend:
         statuses = {backend_id: self._status(backend_id, tokens[backend_id], state) for backend_id in tokens}
         return {backend_id: status for backend_id, status in statuses.items() if status is not None}
 
-    def cancel(self, backend_id: str) -> None:
+    def cancel(self, backend_id: str, *, user: str = "") -> None:
         """End the job: a waiting one leaves the queue; a running one's process group gets SIGTERM,
         then SIGKILL after grace_s (bounded). A finished or unknown job is left as it is."""
         token = self._token_of(backend_id)
@@ -331,6 +331,10 @@ class LocalBackend:
     def apply_tenant(self, limits: base.TenantLimits) -> None:
         """Nothing to apply: on the local cluster the portal's own quota checks are the limits."""
 
+    def identities_check(self, users: list[str]) -> dict[str, str]:
+        """No cluster identities here: every job runs in a sandbox of its own."""
+        return {}
+
     def health(self) -> Health:
         """Healthy when the state directory is writable; never raises."""
         try:
@@ -357,13 +361,22 @@ class LocalBackend:
             if job.get("account") in wanted
         ]
 
-    def purge_scratch(self, account: str, *, older_than_days: int, dry_run: bool) -> base.PurgeReport:
+    def purge_scratch(
+        self, account: str, *, older_than_days: int, dry_run: bool, users: tuple[str, ...] = ()
+    ) -> base.PurgeReport:
         """The tenant's scratch directory (PORTAL_SCRATCH of its jobs), walked without following
         any symlink; local_cleanup.py says what is deleted and what is refused."""
         root = self._scratch_dir(local_cleanup.check_account(account))
         return local_cleanup.purge_tree(root, older_than_days=older_than_days, dry_run=dry_run)
 
-    def delete_finished(self, accounts: list[str], *, older_than_s: int, dry_run: bool) -> list[str]:
+    def delete_finished(
+        self,
+        accounts: list[str],
+        *,
+        older_than_s: int,
+        dry_run: bool,
+        users: dict[str, list[str]] | None = None,
+    ) -> list[str]:
         """The portal's log retention on this cluster: the directories (script, output, records) of
         these accounts' jobs that ended more than older_than_s ago, and their ids; poll and find
         know such a job no more. Moved aside under the lock, deleted after it."""

@@ -37,6 +37,7 @@ from jobs.states import ACTIVE_IN_SCHEDULER, END_STATES
 from portal.core.models import AuditEvent
 from portal.core.services import audit_record
 from tenants.models import QuotaGrant, Tenant, TenantState
+from tenants.selectors import tenant_identities
 
 log = logging.getLogger("jobs.cleanup")
 
@@ -340,9 +341,11 @@ def tenants_hold_suspended(*, dry_run: bool | None = None) -> SuspendedReport:
 
 
 def orphans_find(*, dry_run: bool | None = None) -> OrphanReport:
-    """Scheduler jobs under the tenants' accounts that carry a portal token but match no live
-    portal job (none at all, or one the portal has already ended): each reported (log, and one
-    "job.orphan" audit per job and outcome) and, with ORPHAN_CANCEL, cancelled in the scheduler.
+    """Scheduler jobs under the tenants' accounts that are no live portal job: a job without a
+    portal token (submitted by hand, or by a tenant's job with --account), or one whose token,
+    account or user differ from the portal job's (a copied token), or whose portal job has
+    ended. Each is reported (log, and one "job.orphan" audit per job and outcome) and, with
+    ORPHAN_CANCEL, cancelled in the scheduler (by the operator: no identity of ours owns it).
     Portal jobs the scheduler no longer knows are the poll's: it ends them LOST."""
     report = OrphanReport(dry_run=_dry(dry_run))
     accounts = dict(Tenant.objects.values_list("slug", "pk"))
@@ -353,16 +356,17 @@ def orphans_find(*, dry_run: bool | None = None) -> OrphanReport:
         held = _ask(report, cluster, backend.list_jobs, sorted(accounts))
         if held is NO_ANSWER:
             continue
-        ours = [job for job in held if PORTAL_TOKEN.fullmatch(job.token)]
-        rows = Job.objects.filter(token__in=[job.token for job in ours])
-        known = {
-            token: rest for token, *rest in rows.values_list("token", "state", "cluster_id", "backend_id")
-        }
-        live = {token: state for token, (state, _cluster, _backend) in known.items()}
-        orphans = [job for job in ours if not _owned(job, known.get(job.token), cluster)]
+        tokens = [job.token for job in held if PORTAL_TOKEN.fullmatch(job.token)]
+        rows = Job.objects.filter(token__in=tokens).values_list(
+            "token", "state", "cluster_id", "backend_id", "tenant__slug", "cluster_user"
+        )
+        known = {token: rest for token, *rest in rows}
+        live = {token: row[0] for token, row in known.items()}
+        orphans = [job for job in held if not _owned(job, known.get(job.token), cluster)]
         report.more = report.more or len(orphans) > MAX_ORPHANS_PER_CLUSTER
         for job in orphans[:MAX_ORPHANS_PER_CLUSTER]:
             row = {"cluster": cluster.slug, "backend_id": job.backend_id, "account": job.account}
+            row |= {"user": job.user}
             row |= {"token": job.token, "state": job.state, "known": live.get(job.token, "")}
             report.orphans.append(row)
             log.warning("orphan on %s: %s", cluster.slug, row)
@@ -386,12 +390,14 @@ def orphans_find(*, dry_run: bool | None = None) -> OrphanReport:
 
 def _owned(job, row, cluster: Cluster) -> bool:
     """A scheduler job is the portal job whose token it carries only if that job is live, on this
-    cluster, and (once submitted) has this scheduler id: a second job made by hand with a live
-    job's token (its comment is visible to the user) is an orphan too."""
+    cluster, under its tenant's account, run by its identity, and (once submitted) has this
+    scheduler id: a second job made with a live job's token is an orphan too, whoever made it."""
     if row is None:
         return False
-    state, cluster_id, backend_id = row
+    state, cluster_id, backend_id, account, cluster_user = row
     if state in END_STATES or cluster_id != cluster.pk:
+        return False
+    if job.account.lower() != account.lower() or job.user != cluster_user:
         return False
     return not backend_id or backend_id == job.backend_id
 
@@ -448,7 +454,10 @@ def scratch_purge(
             data = {"cluster": cluster.slug, "older_than_days": settings.SCRATCH_PURGE_DAYS}
             try:
                 purged = backend.purge_scratch(
-                    tenant.slug, older_than_days=settings.SCRATCH_PURGE_DAYS, dry_run=report.dry_run
+                    tenant.slug,
+                    older_than_days=settings.SCRATCH_PURGE_DAYS,
+                    dry_run=report.dry_run,
+                    users=tuple(tenant_identities(cluster=cluster, tenant=tenant)),
                 )
             except BackendUnavailable as exc:
                 report.unreachable.append(cluster.slug)
@@ -492,13 +501,15 @@ def retention_apply(*, dry_run: bool | None = None) -> RetentionReport:
       and how it ended (the job row keeps its times, state, reason and GPU-hours); one
       "job_events.prune" audit per tenant."""
     report = RetentionReport(dry_run=_dry(dry_run))
-    accounts = sorted(Tenant.objects.values_list("slug", flat=True))
+    tenants = list(Tenant.objects.order_by("slug"))
+    accounts = [tenant.slug for tenant in tenants]
     for cluster in _clusters("retention", report) if accounts else ():
         if cluster.kind == ClusterKind.KUBERNETES:
             older_than_s = cluster_config(cluster).k8s_job_ttl_s
         else:
             older_than_s = settings.JOB_LOG_RETENTION_DAYS * 86400
         backend = backend_of(cluster)
+        users = {tenant.slug: tenant_identities(cluster=cluster, tenant=tenant) for tenant in tenants}
         deleted = _ask(
             report,
             cluster,
@@ -506,6 +517,7 @@ def retention_apply(*, dry_run: bool | None = None) -> RetentionReport:
             accounts,
             older_than_s=older_than_s,
             dry_run=report.dry_run,
+            users=users,
         )
         if deleted is NO_ANSWER:
             continue

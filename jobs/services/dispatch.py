@@ -11,6 +11,7 @@ from clusters.backends.base import (
     Backend,
     BackendError,
     BackendUnavailable,
+    JobRef,
     JobSpec,
     JobStatus,
 )
@@ -57,6 +58,7 @@ def _spec(job: Job) -> JobSpec:
         cpus_per_gpu=job.cpus_per_gpu,
         mem_per_gpu_mb=job.mem_per_gpu_mb,
         labels={"tenant": job.tenant.slug, "job": str(job.pk), "scenario": job.scenario.slug},
+        user=job.cluster_user,
     )
 
 
@@ -184,7 +186,7 @@ def _submit(backend: Backend, jobs: list[Job]) -> dict[int, str | BackendError |
     """Per job: the scheduler's id (found by token for a job tried before, else submitted), a
     BackendError, or None when its outcome is unknown (see SlurmBackend.submit_many)."""
     retried = [job for job in jobs if job.dispatch_attempts > 1]
-    found = _find(backend, [job.token for job in retried]) if retried else {}
+    found = _find(backend, retried) if retried else {}
     outcome: dict[int, str | BackendError | None] = {
         job.pk: found[job.token] for job in retried if job.token in found
     }
@@ -204,10 +206,18 @@ def _submit(backend: Backend, jobs: list[Job]) -> dict[int, str | BackendError |
     return outcome
 
 
-def _find(backend: Backend, tokens: list[str]) -> dict[str, str]:
+def _find(backend: Backend, jobs: list[Job]) -> dict[str, str]:
+    """token → scheduler id of the jobs the scheduler already holds under their own account and
+    identity (a job with a copied token under another is never adopted)."""
+    refs = [_ref(job) for job in jobs]
     if hasattr(backend, "find_many"):
-        return backend.find_many(tokens)
-    return {token: found for token in tokens if (found := backend.find(token))}
+        return backend.find_many(refs)
+    found = ((ref.token, backend.find(ref.token, account=ref.account, user=ref.user)) for ref in refs)
+    return {token: backend_id for token, backend_id in found if backend_id}
+
+
+def _ref(job: Job, backend_id: str = "") -> JobRef:
+    return JobRef(backend_id=backend_id, token=job.token, account=job.tenant.slug, user=job.cluster_user)
 
 
 def _save_submitted(backend: Backend, submitted: dict[int, str]) -> None:
@@ -215,7 +225,11 @@ def _save_submitted(backend: Backend, submitted: dict[int, str]) -> None:
     was being submitted keeps its id, and the scheduler's copy is cancelled: it must not live on."""
     now = timezone.now()
     with transaction.atomic():
-        jobs = list(Job.objects.select_for_update().filter(pk__in=submitted).only("pk", "state", "raw_state"))
+        jobs = list(
+            Job.objects.select_for_update()
+            .filter(pk__in=submitted)
+            .only("pk", "state", "raw_state", "cluster_user")
+        )
         pending = [job for job in jobs if job.state == JobState.SUBMITTING]
         cancel = [job for job in jobs if job.state != JobState.SUBMITTING]
         events = [moved_event(job, JobState.PENDING, reason="submitted") for job in pending]
@@ -233,7 +247,7 @@ def _save_submitted(backend: Backend, submitted: dict[int, str]) -> None:
         Job.objects.filter(pk__in=[job.pk for job in cancel]).update(**saved)
     for job in cancel:
         try:
-            backend.cancel(submitted[job.pk])
+            backend.cancel(submitted[job.pk], user=job.cluster_user)
         except BackendUnavailable:
             _send_now("jobs.tasks.cancel_job", job_id=job.pk, backend_id=submitted[job.pk])
 
@@ -259,7 +273,8 @@ def jobs_sweep() -> int:
     )
     for partition_id in set(waiting):
         jobs_admit(partition_id=partition_id)
-    for job in Job.objects.filter(stale, state=JobState.CANCELLING, backend_id="").select_related("cluster"):
+    cancelling = Job.objects.filter(stale, state=JobState.CANCELLING, backend_id="")
+    for job in cancelling.select_related("cluster", "tenant"):
         _cancel_unsubmitted(job)
     # A cancel whose message was lost: ask again (scancel of an ended job is a no-op).
     for job_id in (
@@ -274,10 +289,10 @@ def _cancel_unsubmitted(job: Job) -> None:
     reached the scheduler. Ask by token, and cancel it there or end it here."""
     backend = backend_of(job.cluster)
     try:
-        found = backend.find(job.token)
+        found = backend.find(job.token, account=job.tenant.slug, user=job.cluster_user)
         if found:
             Job.objects.filter(pk=job.pk).update(backend_id=found)
-            backend.cancel(found)
+            backend.cancel(found, user=job.cluster_user)
             return
     except BackendUnavailable:
         return  # the next sweep asks again

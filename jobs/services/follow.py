@@ -241,14 +241,14 @@ def job_cancel_in_scheduler(*, job_id: int, backend_id: str = "") -> None:
     ended while it was being submitted; BackendUnavailable is retried by the task."""
     job = Job.objects.select_related("cluster").get(pk=job_id)
     if backend_id or (job.state == JobState.CANCELLING and job.backend_id):
-        backend_of(job.cluster).cancel(backend_id or job.backend_id)
+        backend_of(job.cluster).cancel(backend_id or job.backend_id, user=job.cluster_user)
 
 
 def job_log_tail(*, job: Job, lines: int) -> LogTail:
     """The last lines of the job's output; a scheduler that cannot be read answers Unavailable."""
     if not job.backend_id:
         return LogTail(lines=[], truncated=False)
-    ref = JobRef(backend_id=job.backend_id, token=job.token, account=job.tenant.slug)
+    ref = JobRef(backend_id=job.backend_id, token=job.token, account=job.tenant.slug, user=job.cluster_user)
     try:
         return backend_of(job.cluster).log_tail(ref, lines=lines, max_bytes=settings.JOB_LOG_MAX_BYTES)
     except BackendError as exc:  # BackendUnavailable included

@@ -7,9 +7,10 @@ from django.utils import timezone
 from clusters.backends.base import (
     TenantLimits,
 )
-from clusters.models import Cluster
+from clusters.models import Cluster, IdentityCheck
 from clusters.services import backend_of
 from tenants.models import QuotaGrant, Tenant, TenantState
+from tenants.selectors import tenant_identities
 
 # --- The schedulers' view of a tenant
 
@@ -38,7 +39,8 @@ def tenant_limits(*, tenant: Tenant, cluster: Cluster) -> TenantLimits:
     return TenantLimits(
         account=tenant.slug,
         qos=f"portal-{tenant.tier}",
-        users=[cluster.ssh_user] if cluster.ssh_user else [],
+        # the identities its jobs run as: never the service user, which keeps no association here
+        users=tenant_identities(cluster=cluster, tenant=tenant),
         gpus_by_type=gpus_by_type,
         gpu_minutes=int(minutes),
         k8s_resources=k8s,
@@ -50,5 +52,16 @@ def tenant_apply(*, tenant_id: int, cluster_id: int) -> TenantLimits:
     tenant = Tenant.objects.get(pk=tenant_id)
     cluster = Cluster.objects.get(pk=cluster_id)
     limits = tenant_limits(tenant=tenant, cluster=cluster)
-    backend_of(cluster).apply_tenant(limits)
+    backend = backend_of(cluster)
+    backend.apply_tenant(limits)
+    identities_record(cluster=cluster, problems=backend.identities_check(limits.users))
     return limits
+
+
+def identities_record(*, cluster: Cluster, problems: dict[str, str]) -> None:
+    """Keep what a check found of each identity (the tenant's page shows the problems)."""
+    now = timezone.now()
+    for username, problem in problems.items():
+        IdentityCheck.objects.update_or_create(
+            cluster=cluster, username=username, defaults={"problem": problem[:300], "checked_at": now}
+        )

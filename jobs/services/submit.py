@@ -22,7 +22,7 @@ from django.core.cache import cache
 from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
-from clusters.models import Cluster, GpuModel, Partition, Scenario
+from clusters.models import Cluster, GpuModel, JobIdentity, Partition, Scenario
 from jobs import admission
 from jobs.job_templates import TemplateInvalid, render_template
 from jobs.models import Job, JobEvent, JobState, Priority
@@ -31,6 +31,7 @@ from portal.core.errors import Conflict, Invalid
 from portal.core.services import audit_record
 from tenants.errors import NoQuota, QuotaExhausted, TenantSuspended
 from tenants.models import QuotaGrant, Tenant, TenantState, Tier
+from tenants.selectors import job_identity_of
 from tenants.services import grant_reserve, grant_settle, grant_take_gpus
 
 # A tenant's tier caps the priority its jobs may ask for within it.
@@ -248,6 +249,20 @@ def job_preview(*, request: JobRequest) -> JobPreview:
     )  # fmt: skip
 
 
+def _cluster_user(request: JobRequest, cluster: Cluster, user: AbstractBaseUser) -> str:
+    """Whom the job will run as on its cluster (tenants.selectors.job_identity_of), fixed now so
+    that its sbatch, scancel and log are that identity's whatever changes later; a 400 naming
+    the cluster when there is none: never the portal's service user instead."""
+    name = job_identity_of(cluster=cluster, tenant=request.tenant, user=user)
+    if name is not None:
+        return name
+    if cluster.job_identity == JobIdentity.USER:
+        why = f"{cluster.name} runs jobs as your own cluster username, and your profile names none"
+    else:
+        why = f"{request.tenant.slug} has no usable cluster account on {cluster.name}"
+    raise Invalid({"cluster": f"{why}: a platform admin sets it up."})
+
+
 def _gpu_hours(request: JobRequest) -> Decimal:
     return (Decimal(request.gpus * request.walltime_minutes) / 60).quantize(Decimal("0.01"), ROUND_CEILING)
 
@@ -301,6 +316,7 @@ def _submit(*, user: AbstractBaseUser, request: JobRequest, idempotency_key: str
     """The job, its reservation (the grant's row lock), event and audit, in one transaction that
     takes no partition lock: submissions to one partition do not wait for each other."""
     partition, script = _checked(request)
+    cluster_user = _cluster_user(request, partition.cluster, user)
     hours = _gpu_hours(request)
     grant = _reserve(request, hours)
     cpus, mem = _cpus(request, partition), _mem(request, partition)
@@ -312,6 +328,7 @@ def _submit(*, user: AbstractBaseUser, request: JobRequest, idempotency_key: str
         gpu_model=request.gpu_model,
         grant=grant,
         cluster=partition.cluster,
+        cluster_user=cluster_user,
         partition=partition,
         gpus=request.gpus,
         nodes=request.nodes,

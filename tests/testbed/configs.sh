@@ -70,6 +70,8 @@ AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=$SSH_HOST
 AccountingStoragePort=6819
 AccountingStorageEnforce=associations,limits,qos
+# A job identity sees its own jobs, usage, user and accounts only (operators see everything).
+PrivateData=jobs,usage,users,accounts
 AccountingStorageTRES=gres/gpu,gres/gpu:h100,gres/gpu:a100
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
@@ -126,6 +128,7 @@ StoragePort=$MYSQL_PORT
 StorageUser=$DB_USER
 StoragePass=$(cat "$DB_PASS_FILE" 2>/dev/null || true)
 StorageLoc=$DB_NAME
+PrivateData=jobs,usage,users,accounts
 EOF
 }
 

@@ -27,6 +27,10 @@ REQUIRED_KEYS = (
     "SLURM_TESTBED_ACCOUNT",
     "SLURM_TESTBED_PARTITIONS",  # name:GPU type:GPUs per node,…
     "SLURM_TESTBED_NODES",  # nodes of every partition
+    "SLURM_TESTBED_IDENTITY",  # the job identity of SLURM_TESTBED_ACCOUNT (pt-alpha of alpha)
+    "SLURM_TESTBED_OTHER_ACCOUNT",  # a second tenant's account and identity (beta, pt-beta)
+    "SLURM_TESTBED_OTHER_IDENTITY",
+    "SLURM_TESTBED_SCRATCH",  # the scratch root: <scratch>/<identity>/<account>
 )
 
 
@@ -104,8 +108,24 @@ def testbed_config(env: dict[str, str] | None = None, **overrides):
         ssh_known_hosts=Path(env["SLURM_TESTBED_KNOWN_HOSTS"]).read_text(),
         ssh_private_key=Path(env["SLURM_TESTBED_KEY_FILE"]).read_text(),
         slurm_cluster_name=env["SLURM_TESTBED_CLUSTER"],
+        scratch_root=env["SLURM_TESTBED_SCRATCH"],
     )
     return replace(config, **overrides)
+
+
+def testbed_identity(name: str) -> str:
+    """Make `name` a job identity on the testbed (a Unix user in its job identities' group, which
+    the portal's user may act as through its sudoers rule); idempotent. The name back."""
+    testbed_env()
+    subprocess.run(
+        ["bash", str(TESTBED_SCRIPT), "identity", name],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return name
 
 
 def registered_testbed():
@@ -115,7 +135,12 @@ def registered_testbed():
     from django.core.management import call_command
 
     from clusters.models import Cluster
+    from tenants.models import Tenant
 
     testbed_env()
+    # the job identities of the suite's two persona tenants (tests/conftest.py), and of any
+    # tenant there is already (the cluster's template: pt-<slug>)
+    for slug in {"protein-lab", "other-team", *Tenant.objects.values_list("slug", flat=True)}:
+        testbed_identity(f"pt-{slug}")
     call_command("register_testbed", stdout=io.StringIO())
     return Cluster.objects.get(slug="testbed")

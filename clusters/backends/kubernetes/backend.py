@@ -169,7 +169,7 @@ class KubernetesBackend:
         what = f"create Service {meta['namespace']}/{meta['name']}"
         self.api.request(what, "POST", path("v1", "services", meta["namespace"]), body=service, allow=(409,))
 
-    def find(self, token: str) -> str | None:
+    def find(self, token: str, *, account: str = "", user: str = "") -> str | None:
         name = job_name(token)
         jobs = self._list(
             "find Job", "jobs", set(), "batch/v1", labelSelector=f"{LABEL_TOKEN}={check_token(token)}"
@@ -208,7 +208,7 @@ class KubernetesBackend:
             for key, job in found.items()
         }
 
-    def cancel(self, backend_id: str) -> None:
+    def cancel(self, backend_id: str, *, user: str = "") -> None:
         namespace, name = parse_backend_id(backend_id)
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground"}
         self.api.request(
@@ -297,13 +297,22 @@ class KubernetesBackend:
             found.append(SchedulerJob(status.backend_id, token, meta["namespace"], status.state))
         return found
 
-    def purge_scratch(self, account: str, *, older_than_days: int, dry_run: bool) -> PurgeReport:
+    def purge_scratch(
+        self, account: str, *, older_than_days: int, dry_run: bool, users: tuple[str, ...] = ()
+    ) -> PurgeReport:
         """Nothing to purge: a Job's files live in its pods' volumes, which go with its pods (the
         Job's TTL, or delete_finished); the portal keeps no scratch on a Kubernetes cluster."""
         check_namespace(account)
         return PurgeReport(deleted=[], refused={}, bytes_freed=0, dry_run=dry_run)
 
-    def delete_finished(self, accounts: list[str], *, older_than_s: int, dry_run: bool) -> list[str]:
+    def delete_finished(
+        self,
+        accounts: list[str],
+        *,
+        older_than_s: int,
+        dry_run: bool,
+        users: dict[str, list[str]] | None = None,
+    ) -> list[str]:
         """Delete the portal's Jobs that ended (Complete or Failed) more than older_than_s ago and
         that the cluster kept: its TTL-after-finished controller is off, or behind. One list, then
         one DELETE per Job (at most DELETE_BATCH), Background so that its pods go too, on the
@@ -449,6 +458,10 @@ class KubernetesBackend:
             return "unchanged"
         self.api.request(f"update {where}", "PUT", f"{collection}/{name}", body=overlay(current, desired))
         return "updated"
+
+    def identities_check(self, users: list[str]) -> dict[str, str]:
+        """No POSIX identities: a tenant's namespace is its identity (restricted, no token)."""
+        return {}
 
     def health(self) -> Health:
         """GET /version, then one Jobs list (limit 1): the API server answers, and it accepts the

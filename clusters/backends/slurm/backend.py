@@ -22,7 +22,6 @@ from clusters.backends.base import (
 )
 from clusters.backends.slurm import accounts, scratch, ssh
 from clusters.backends.slurm.parse import (
-    BATCH_EXIT_MKDIR,
     BATCH_EXIT_MKTEMP,
     NO_VALUE,
     SBATCH_BATCH_SH,
@@ -30,7 +29,6 @@ from clusters.backends.slurm.parse import (
     TOKEN_RE,
     batch_answers,
     batch_job_lines,
-    batch_stdin,
     check_count,
     check_job_id,
     check_job_name,
@@ -116,24 +114,35 @@ class SlurmBackend:
             raise ssh.failure(result)
         return result.stdout
 
-    def _job_dir(self, account: str) -> str:
+    def _identity(self, user: str) -> str:
+        """A job identity: a valid name that is neither root nor the portal's service user, so
+        that no job ever runs as either (the sudoers rule refuses them too)."""
+        check_name(user, "cluster identity")
+        if user.lower() in {"root", self.config.ssh_user.lower()}:
+            raise BackendError(f"jobs never run as {user!r}: give the tenant a cluster identity of its own")
+        return user
+
+    def _job_dir(self, account: str, user: str) -> str:
+        """<scratch root>/<identity>/<account>: the identity's own tree (mode 0700), where its
+        jobs of this tenant write their output. The root is the site's, shared by the login node
+        and the compute nodes; never the service user's home, which no job may reach."""
         root = self.config.scratch_root.rstrip("/")
-        if not root.startswith("/"):
-            home = ssh.home_directory(self.config, self.connect_timeout_s, self.command_timeout_s).rstrip("/")
-            root = f"{home}/{root or 'portal-jobs'}"
-        return f"{root}/{check_name(account, 'account')}"
+        if not root.startswith("/") or "/../" in f"{root}/":
+            raise BackendError("the cluster's scratch root must be an absolute path without '..'")
+        return f"{root}/{self._identity(user)}/{check_name(account, 'account')}"
+
+    def _as(self, user: str, argv: list[str]) -> list[str]:
+        """argv run as a job identity through the service user's one sudoers rule; -n: a rule
+        that does not allow it fails at once instead of asking for a password."""
+        return ["sudo", "-n", "-u", self._identity(user), "--", *argv]
 
     # ------------------------------------------------------------------- jobs --
     def submit(self, spec: JobSpec) -> str:
-        """One job, sbatch on its own SSH exec (after a mkdir of its directory). The dispatcher
-        sends its jobs through submit_many, one exec for many."""
-        argv, script, directory = self._sbatch_request(spec)
-        self.check(["mkdir", "-p", "--", directory])
-        stdout = self.check(["sbatch", *argv], stdin=script)  # sbatch reads the script from stdin
-        job_id = sbatch_job_id(stdout)
-        if job_id is None:
-            raise BackendError(f"sbatch answered {stdout.strip()[:200]!r}, not a job id")
-        return job_id
+        """One job, as a batch of one (submit_many): the dispatcher sends many at once."""
+        (result,) = self.submit_many([spec])
+        if isinstance(result, str):
+            return result
+        raise result or BackendUnavailable("sbatch was cut off: the job may or may not be submitted")
 
     def submit_many(self, specs: list[JobSpec]) -> list[str | BackendError | None]:
         """Submit several jobs in one SSH exec: a fixed remote script (parse.SBATCH_BATCH_SH)
@@ -147,27 +156,25 @@ class SlurmBackend:
         directory, the directories not creatable."""
         results: list[str | BackendError | None] = [None] * len(specs)
         parts: dict[str, tuple[int, str]] = {}  # token → (index in specs, its stdin lines)
-        directories: set[str] = set()
         for index, spec in enumerate(specs):
             try:
                 if spec.token in parts:
                     raise BackendError(f"job token {spec.token} twice in one batch")
                 argv, script, directory = self._sbatch_request(spec)
-                parts[spec.token] = (index, batch_job_lines(spec.token, argv, script))
-                directories.add(directory)
+                parts[spec.token] = (index, batch_job_lines(spec.token, spec.user, directory, argv, script))
             except BackendError as exc:
                 results[index] = exc
         if not parts:
             return results
-        stdin = batch_stdin(sorted(directories), [lines for _index, lines in parts.values()])
+        stdin = "".join(lines for _index, lines in parts.values())
         result = self.run(
             ["sh", "-c", SBATCH_BATCH_SH],
             stdin=stdin,
             timeout_s=min(2 * self.command_timeout_s, self.command_timeout_s + len(parts)),
             partial=True,
         )
-        if result.rc in (BATCH_EXIT_MKDIR, BATCH_EXIT_MKTEMP):  # before any sbatch
-            raise ssh.failure(replace(result, argv=["mkdir" if result.rc == BATCH_EXIT_MKDIR else "mktemp"]))
+        if result.rc == BATCH_EXIT_MKTEMP:  # before any sbatch
+            raise ssh.failure(replace(result, argv=["mktemp"]))
         answers = batch_answers(result.stdout)
         for token, (index, _lines) in parts.items():
             if token not in answers:
@@ -203,7 +210,7 @@ class SlurmBackend:
         ):
             check_count(value, what)
         script = render_script(spec.script, spec.env)
-        directory = self._job_dir(spec.account)
+        directory = self._job_dir(spec.account, spec.user)
         output = f"{directory}/{spec.token}.out"
         argv = [
             "--parsable",
@@ -223,51 +230,55 @@ class SlurmBackend:
         ]
         return argv, script, directory
 
-    def find(self, token: str) -> str | None:
-        """The job submitted with --comment=<token>: None only when squeue and sacct both
-        answered and neither knows it."""
-        return self.find_many([token]).get(token)
+    def find(self, token: str, *, account: str = "", user: str = "") -> str | None:
+        """The job submitted with --comment=<token> under the account by the identity: None
+        only when squeue and sacct both answered and neither knows such a job."""
+        return self.find_many([JobRef(backend_id="", token=token, account=account, user=user)]).get(token)
 
-    def find_many(self, tokens: list[str]) -> dict[str, str]:
+    def find_many(self, jobs: list[JobRef]) -> dict[str, str]:
         """The jobs submitted with these tokens, token → job id (the newest, should a token be
-        there twice), in one squeue and, for the tokens squeue does not know, one sacct. A token
-        left out is unknown to both."""
-        wanted = {check_token(token) for token in tokens}
-        found = self._queued_ids(wanted) if wanted else {}
-        if wanted - found.keys():
-            found |= self._accounted_ids(wanted - found.keys())
+        there twice), in one squeue and, for the tokens squeue does not know, one sacct, over the
+        jobs' accounts and identities. A scheduler job counts only when its token, account and
+        user are all the portal job's: another identity's job that copied a token (or a job
+        submitted by hand under the tenant's account) is never adopted. A token left out is
+        unknown to both."""
+        owners = {
+            check_token(job.token): (check_name(job.account, "account").lower(), self._identity(job.user))
+            for job in jobs
+        }
+        found = self._queued_ids(owners) if owners else {}
+        if missing := {token: owner for token, owner in owners.items() if token not in found}:
+            found |= self._accounted_ids(missing)
         return {token: max(ids, key=int) for token, ids in found.items()}
 
-    def _find_queued(self, token: str) -> list[str]:
-        return self._queued_ids({check_token(token)}).get(token, [])
-
-    def _find_accounted(self, token: str) -> list[str]:
-        return self._accounted_ids({check_token(token)}).get(token, [])
-
-    def _queued_ids(self, tokens: set[str]) -> dict[str, list[str]]:
-        """slurmctld's jobs (pending, running, ended less than MinJobAge ago), comment included."""
-        stdout = self.check(["squeue", "-h", "-t", "all", "-u", self.config.ssh_user, "-o", "%i|%k"])
+    def _queued_ids(self, owners: dict[str, tuple[str, str]]) -> dict[str, list[str]]:
+        """slurmctld's jobs (pending, running, ended less than MinJobAge ago) of these accounts,
+        comment included. The service user is an Operator: PrivateData does not hide them from it."""
+        accounts = ",".join(sorted({account for account, _user in owners.values()}))
+        argv = ["squeue", "-h", "-t", "all", "-A", accounts, "-o", "%i|%a|%u|%k"]
         found: dict[str, list[str]] = {}
-        for job_id, comment in _split(stdout, 2):
-            if comment in tokens and job_id.isdigit():
+        for job_id, account, user, comment in _split(self.check(argv), 4):
+            if owners.get(comment) == (account.lower(), user) and job_id.isdigit():
                 found.setdefault(comment, []).append(job_id)
         return found
 
-    def _accounted_ids(self, tokens: set[str]) -> dict[str, list[str]]:
-        """slurmdbd's jobs of the last find_window_days. Its Comment stays empty unless slurm.conf
-        has AccountingStoreFlags=job_comment, but 22.05 stores the SubmitLine, which holds our
-        --comment=<token> (the script came on stdin, so the line is short)."""
+    def _accounted_ids(self, owners: dict[str, tuple[str, str]]) -> dict[str, list[str]]:
+        """slurmdbd's jobs of the last find_window_days under these accounts. Its Comment stays
+        empty unless slurm.conf has AccountingStoreFlags=job_comment, but 22.05 stores the
+        SubmitLine, which holds our --comment=<token> (the script came on stdin: a short line)."""
         window = f"now-{check_count(self.find_window_days, 'find window')}days"
-        argv = ["sacct", "-X", "-P", "-n", "-u", self.config.ssh_user, "-S", window]
-        stdout = self.check([*argv, "-o", "JobID,Comment,SubmitLine"])
+        accounts = ",".join(sorted({account for account, _user in owners.values()}))
+        argv = ["sacct", "-X", "-P", "-n", "-a", "-A", accounts, "-S", window]
+        stdout = self.check([*argv, "-o", "JobID,Account,User,Comment,SubmitLine"])
         found: dict[str, list[str]] = {}
-        for job_id, comment, submit_line in _split(stdout, 3):
+        for job_id, account, user, comment, submit_line in _split(stdout, 5):
             if not job_id.isdigit():
                 continue
             words = submit_line.split()
             flags = {word.removeprefix("--comment=") for word in words if word.startswith("--comment=")}
-            for token in ({comment} | flags) & tokens:
-                found.setdefault(token, []).append(job_id)
+            for token in ({comment} | flags) & owners.keys():
+                if owners[token] == (account.lower(), user):
+                    found.setdefault(token, []).append(job_id)
         return found
 
     def poll(self, backend_ids: list[str]) -> dict[str, JobStatus]:
@@ -306,28 +317,33 @@ class SlurmBackend:
             records[job_id] = _Record(state, reason, nodes, start, end, sacct_exit_code(code))
         return records
 
-    def cancel(self, backend_id: str) -> None:
-        result = self.run(["scancel", check_job_id(backend_id)])
+    def cancel(self, backend_id: str, *, user: str = "") -> None:
+        """scancel as the job's identity; as the service user (an Operator) only for a job that
+        no identity of the portal's owns (an orphan: user "")."""
+        argv = ["scancel", check_job_id(backend_id)]
+        result = self.run(self._as(user, argv) if user else argv)
         finished = ("already completing or completed", "Invalid job id specified")
         if result.rc != 0 and not any(text in result.stderr for text in finished):
             raise ssh.failure(result)
 
     def log_tail(self, job: JobRef, *, lines: int, max_bytes: int) -> LogTail:
-        path = f"{self._job_dir(job.account)}/{check_token(job.token)}.out"
-        with ssh.sftp_session(self.config, self.connect_timeout_s, self.command_timeout_s) as sftp:
-            try:
-                size = sftp.stat(path).st_size or 0
-                start = max(0, size - max(max_bytes, 0))
-                with sftp.open(path, "rb") as handle:
-                    handle.seek(start)
-                    data = handle.read(size - start) if size > start else b""
-            except FileNotFoundError:
+        """The log's last bytes read as the job's identity (tail -c through the sudoers rule):
+        the service user has no access to the identity's files of its own. One byte more than
+        max_bytes tells whether anything came before."""
+        path = f"{self._job_dir(job.account, job.user)}/{check_token(job.token)}.out"
+        limit = check_count(max(max_bytes, 0) + 1, "log bytes")
+        result = self.run(self._as(job.user, ["tail", "-c", str(limit), "--", path]))
+        if result.rc != 0:
+            if "No such file or directory" in result.stderr:
                 return LogTail(lines=[], truncated=False)
-        text = data.decode(errors="replace").splitlines()
-        if start > 0 and len(text) > 1:
+            raise ssh.failure(replace(result, argv=["tail"]))
+        data = result.stdout
+        cut = len(data.encode()) > max_bytes
+        text = data.splitlines()
+        if cut and text:
             text = text[1:]  # the first line was cut by the byte limit
         keep = text[-lines:] if lines > 0 else []
-        return LogTail(lines=keep, truncated=start > 0 or len(keep) < len(text))
+        return LogTail(lines=keep, truncated=cut or len(keep) < len(text))
 
     # ---------------------------------------------------------------- cleanup --
     def list_jobs(self, accounts: list[str]) -> list[SchedulerJob]:
@@ -341,47 +357,66 @@ class SlurmBackend:
         for start in range(0, len(names), ACCOUNT_CHUNK):
             chunk = ",".join(names[start : start + ACCOUNT_CHUNK])
             # -t all, filtered here: one table (parse.STATES) says what has ended, as for poll
-            stdout = self.check(["squeue", "-h", "-t", "all", "-A", chunk, "-o", "%i|%a|%T|%k"])
-            for job_id, account, raw_state, comment in _split(stdout, 4):
+            stdout = self.check(["squeue", "-h", "-t", "all", "-A", chunk, "-o", "%i|%a|%T|%u|%k"])
+            for job_id, account, raw_state, user, comment in _split(stdout, 5):
                 state = portal_state(raw_state, started=False)
                 if account.lower() not in by_name or state in base.END_STATES:
                     continue
                 token = comment if TOKEN_RE.fullmatch(comment) else ""
-                jobs.append(SchedulerJob(job_id, token, by_name[account.lower()], state))
+                jobs.append(SchedulerJob(job_id, token, by_name[account.lower()], state, user=user))
         return jobs
 
-    def purge_scratch(self, account: str, *, older_than_days: int, dry_run: bool) -> PurgeReport:
-        """One find under <scratch root>/<account> that lists and deletes in the same walk
-        (scratch.py says what it deletes and refuses, and why no second command touches a path).
-        A tenant directory that does not exist yet has nothing to purge."""
+    def purge_scratch(
+        self, account: str, *, older_than_days: int, dry_run: bool, users: tuple[str, ...] = ()
+    ) -> PurgeReport:
+        """Per identity of the account, one find under <scratch root>/<identity>/<account>, run
+        as that identity, that lists and deletes in the same walk (scratch.py says what it
+        deletes and refuses, and why no second command touches a path): the purge can delete
+        nothing the tenant's own jobs could not. A directory not made yet has nothing to purge."""
         days = check_count(older_than_days, "purge age in days")
-        directory = self._job_dir(account)
-        result = self.run(
-            scratch.purge_argv(directory, older_than_days=days, dry_run=dry_run),
-            timeout_s=max(self.command_timeout_s, PURGE_TIMEOUT_S),
-        )
-        report = scratch.parse_report(result.stdout, dry_run=dry_run)
-        if result.rc == 0:
-            return report
-        if not result.stdout and "No such file or directory" in result.stderr:
-            return report  # the start point itself is missing: nothing was ever written there
-        if result.rc != 1:  # 1: find went on past an entry it could not read or delete
-            raise ssh.failure(result)
-        return scratch.with_errors(report, result.stderr)
+        reports: list[tuple[str, PurgeReport]] = []
+        for user in sorted(set(users)):
+            directory = self._job_dir(account, user)
+            result = self.run(
+                self._as(user, scratch.purge_argv(directory, older_than_days=days, dry_run=dry_run)),
+                timeout_s=max(self.command_timeout_s, PURGE_TIMEOUT_S),
+            )
+            report = scratch.parse_report(result.stdout, dry_run=dry_run)
+            if result.rc != 0 and not (not result.stdout and "No such file or directory" in result.stderr):
+                if result.rc != 1:  # 1: find went on past an entry it could not read or delete
+                    raise ssh.failure(replace(result, argv=["find"]))
+                report = scratch.with_errors(report, result.stderr)
+            reports.append((user, report))
+        return scratch.merged(reports, dry_run=dry_run)
 
-    def delete_finished(self, accounts: list[str], *, older_than_s: int, dry_run: bool) -> list[str]:
-        """The job logs (<account>/<token>.out) older than `older_than_s`, in one find per 100
-        accounts; returned as "<account>/<token>.out". slurmctld forgets an ended job by itself
-        (MinJobAge) and the accounting records are the site's to keep."""
+    def delete_finished(
+        self,
+        accounts: list[str],
+        *,
+        older_than_s: int,
+        dry_run: bool,
+        users: dict[str, list[str]] | None = None,
+    ) -> list[str]:
+        """The job logs (<identity>/<account>/<token>.out) older than `older_than_s`, in one find
+        per identity and 100 of its accounts, run as that identity; returned as
+        "<account>/<token>.out". slurmctld forgets an ended job by itself (MinJobAge) and the
+        accounting records are the site's to keep."""
         minutes = check_count(max(older_than_s // 60, 1), "log age in minutes")
+        by_user: dict[str, list[str]] = {}
+        for account in accounts:
+            for user in (users or {}).get(account, []):
+                by_user.setdefault(user, []).append(account)
         deleted: list[str] = []
-        for start in range(0, len(accounts), LOG_ACCOUNTS_PER_CALL):
-            chunk = accounts[start : start + LOG_ACCOUNTS_PER_CALL]
-            directories = [self._job_dir(account) for account in chunk]
+        for user, chunk in (
+            (user, owned[start : start + LOG_ACCOUNTS_PER_CALL])
+            for user, owned in sorted(by_user.items())
+            for start in range(0, len(owned), LOG_ACCOUNTS_PER_CALL)
+        ):
+            directories = [self._job_dir(account, user) for account in chunk]
             argv = scratch.old_logs_argv(directories, older_than_minutes=minutes, dry_run=dry_run)
-            result = self.run(argv, timeout_s=max(self.command_timeout_s, PURGE_TIMEOUT_S))
+            result = self.run(self._as(user, argv), timeout_s=max(self.command_timeout_s, PURGE_TIMEOUT_S))
             if result.rc not in (0, 1):  # 1: a tenant directory not made yet, or an unreadable entry
-                raise ssh.failure(result)
+                raise ssh.failure(replace(result, argv=["find"]))
             for path in filter(None, result.stdout.split("\0")):
                 directory, _slash, name = path.rpartition("/")
                 deleted.append(f"{directory.rpartition('/')[2]}/{name}")
@@ -418,6 +453,26 @@ class SlurmBackend:
 
     def apply_tenant(self, limits: TenantLimits) -> None:
         accounts.apply_tenant(self, limits)
+
+    def identities_check(self, users: list[str]) -> dict[str, str]:
+        """Per identity, whether the service user may act as it: one harmless command through the
+        sudoers rule (`tail -c 0 /dev/null`), which fails for a user that does not exist, is
+        outside the job identities' group, or is root or the service user itself."""
+        problems = {}
+        for user in sorted(set(users)):
+            try:
+                argv = self._as(user, ["tail", "-c", "0", "/dev/null"])
+            except BackendError as exc:
+                problems[user] = str(exc)
+                continue
+            result = self.run(argv)
+            if result.rc == 0:
+                problems[user] = ""
+            elif "unknown user" in result.message:
+                problems[user] = f"no user {user} on the login node"
+            else:
+                problems[user] = f"the service user may not act as {user}: {result.message[:200]}"
+        return problems
 
     def health(self) -> Health:
         try:

@@ -91,10 +91,11 @@ def check_job_name(name: str) -> str:
 
 
 def render_script(script: str, env: dict[str, str]) -> str:
-    """The script with `export NAME='value'` lines right after its shebang.
+    """The script with a `:` line and `export NAME='value'` lines right after its shebang.
 
-    The exports end sbatch's scan for #SBATCH lines too, so the script cannot add scheduler
-    options the portal did not choose (a node list, an array, another output file).
+    sbatch reads #SBATCH lines only up to the first command: the `:` (a no-op) ends its scan
+    whatever the env, so the script cannot add scheduler options the portal did not choose (an
+    account, a node list, an array, another output file).
     """
     if not script.startswith("#!"):
         raise BackendError("the batch script must start with a #! line")
@@ -108,7 +109,7 @@ def render_script(script: str, env: dict[str, str]) -> str:
             raise BackendError(f"invalid value for environment variable {name}: a string without NUL bytes")
         lines.append(f"export {name}={shlex.quote(value)}\n")
     shebang, _newline, body = script.partition("\n")
-    return f"{shebang}\n{''.join(lines)}{body}"
+    return f"{shebang}\n: portal options end here\n{''.join(lines)}{body}"
 
 
 def slurm_time(text: str) -> datetime | None:
@@ -182,33 +183,43 @@ def tres(text: str) -> dict[str, str]:
 
 # --- Batched submission: one SSH exec runs sbatch once per job (SlurmBackend.submit_many).
 #
-# The remote command is this fixed script (`sh -c SBATCH_BATCH_SH`); every value reaches it as
-# data on stdin, one per line, never as shell text: a count and that many directories to create,
-# then per job its token, a count, that many sbatch arguments, and its batch script in base64 on
-# one line (sbatch reads the script from its stdin). It answers one line per job, in order:
-# "<token> <sbatch's exit status> <job id, or sbatch's error message on one line>". A job with no
-# line was not reached, or its answer was cut off with the connection: its outcome is unknown.
+# The remote command is this fixed script (`sh -c SBATCH_BATCH_SH`), run by the portal's service
+# user; every value reaches it as data on stdin, one per line, never as shell text: per job its
+# token, the identity it runs as, its directory, a count, that many sbatch arguments, and its
+# batch script in base64 on one line (sbatch reads the script from its stdin). Per job it checks
+# that the identity exists (`id`), makes the job's directory as that identity (`sudo -n -u`, the
+# one sudoers rule), refuses a directory tree that the identity does not own (another identity
+# made it first), and runs sbatch as the identity. It answers one line per job, in order:
+# "<token> <exit status> <job id, or the error message on one line>". A job with no line was not
+# reached, or its answer was cut off with the connection: its outcome is unknown.
 SBATCH_BATCH_SH = " ".join(  # one line: no argument of a remote command may hold a line break
     (
         r"set -u; LC_ALL=C; export LC_ALL;",
         r"err=$(mktemp) || exit 66;",
         r"""trap 'rm -f "$err"' EXIT; trap 'rm -f "$err"; exit 129' HUP INT TERM PIPE;""",
-        r"IFS= read -r count || exit 64; set --;",
-        r'while [ "$count" -gt 0 ]; do',
-        r'IFS= read -r dir || exit 64; set -- "$@" "$dir"; count=$((count - 1)); done;',
-        r'if [ "$#" -gt 0 ]; then mkdir -p -- "$@" || exit 65; fi;',
+        r"""answer() { printf '%s %s %s\n' "$token" "$1" "$2"; };""",
+        r"""failed() { answer "$1" "$(tr '\r\n' '  ' <"$err")"; };""",
         r"while IFS= read -r token; do",
+        r"IFS= read -r user || exit 64; IFS= read -r dir || exit 64;",
         r"IFS= read -r count || exit 64; set --;",
         r'while [ "$count" -gt 0 ]; do',
         r'IFS= read -r arg || exit 64; set -- "$@" "$arg"; count=$((count - 1)); done;',
         r"IFS= read -r script || exit 64;",
-        r"""out=$(printf '%s\n' "$script" | base64 -d | sbatch "$@" 2>"$err"); rc=$?;""",
+        r'if ! id -u -- "$user" >/dev/null 2>&1; then',
+        r'answer 67 "cluster identity $user does not exist on the login node"; continue; fi;',
+        r"top=${dir%/*};",
+        r'if ! sudo -n -u "$user" -- mkdir -p -m 0700 -- "$top" "$dir" 2>"$err";',
+        r"then failed 68; continue; fi;",
+        r"""if [ "$(stat -c %U -- "$top" 2>/dev/null)" != "$user" ]; then""",
+        r'answer 69 "$top is not owned by $user: refusing to write there"; continue; fi;',
+        r"""out=$(printf '%s\n' "$script" | base64 -d |""",
+        r"""sudo -n -u "$user" -- sbatch "$@" 2>"$err"); rc=$?;""",
         r"""[ "$rc" -eq 0 ] || out=$(tr '\r\n' '  ' <"$err");""",
-        r"""printf '%s %s %s\n' "$token" "$rc" "$out";""",
+        r'answer "$rc" "$out";',
         r"done",
     )
 )
-BATCH_EXIT_PROTOCOL, BATCH_EXIT_MKDIR, BATCH_EXIT_MKTEMP = 64, 65, 66
+BATCH_EXIT_PROTOCOL, BATCH_EXIT_MKTEMP = 64, 66
 SBATCH_ID_RE = re.compile(r"([0-9]+)(;\S+)?")  # --parsable: "123" or "123;cluster"
 
 
@@ -219,17 +230,13 @@ def check_line(value: str, what: str) -> str:
     return value
 
 
-def batch_job_lines(token: str, argv: list[str], script: str) -> str:
+def batch_job_lines(token: str, user: str, directory: str, argv: list[str], script: str) -> str:
     """One job's part of the batch's stdin; argv are sbatch's arguments (without "sbatch")."""
-    lines = [check_token(token), str(len(argv)), *(check_line(arg, "an sbatch argument") for arg in argv)]
+    lines = [check_token(token), check_name(user, "cluster identity")]
+    lines.append(check_line(directory, "a job directory"))
+    lines += [str(len(argv)), *(check_line(arg, "an sbatch argument") for arg in argv)]
     lines.append(base64.b64encode(script.encode()).decode())
     return "".join(f"{line}\n" for line in lines)
-
-
-def batch_stdin(directories: list[str], jobs: list[str]) -> str:
-    """The whole stdin: the directories to create, then the jobs' parts (batch_job_lines)."""
-    head = [str(len(directories)), *(check_line(path, "a job directory") for path in directories)]
-    return "".join(f"{line}\n" for line in head) + "".join(jobs)
 
 
 def batch_answers(stdout: str) -> dict[str, tuple[int, str]]:

@@ -109,6 +109,19 @@ def with_errors(report: PurgeReport, stderr: str) -> PurgeReport:
     return PurgeReport(report.deleted, refused, report.bytes_freed, report.dry_run)
 
 
+def merged(reports: list[tuple[str, PurgeReport]], *, dry_run: bool) -> PurgeReport:
+    """One report of several identities' purges of one tenant: with more than one identity (the
+    `user` identity mode), each path is given under its identity's name."""
+    if len(reports) == 1:
+        return reports[0][1]
+    deleted, refused, freed = [], {}, 0
+    for user, report in reports:
+        deleted += [f"{user}/{path}" for path in report.deleted]
+        refused |= {f"{user}/{path}": why for path, why in report.refused.items()}
+        freed += report.bytes_freed
+    return PurgeReport(deleted, refused, freed, dry_run)
+
+
 def old_logs_argv(directories: list[str], *, older_than_minutes: int, dry_run: bool) -> list[str]:
     """find's argv for the job logs (<token>.out right under each tenant directory) older than
     the retention: each printed as "<tenant directory>/<name>", NUL-separated, once deleted."""

@@ -5,7 +5,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from clusters.models import Cluster, ClusterKind, GpuModel, Partition
+from clusters.models import Cluster, ClusterKind, GpuModel, JobIdentity, Partition
 
 # The testbed's GRES types and the catalog models they stand for.
 GRES_MODELS = {"h100": "h100-80gb", "a100": "a100-80gb"}
@@ -38,6 +38,10 @@ class Command(BaseCommand):
                 "ssh_known_hosts": Path(env["SLURM_TESTBED_KNOWN_HOSTS"]).read_text(),
                 "ssh_private_key": Path(env["SLURM_TESTBED_KEY_FILE"]).read_text(),
                 "slurm_cluster_name": env["SLURM_TESTBED_CLUSTER"],
+                "scratch_root": env["SLURM_TESTBED_SCRATCH"],
+                # each tenant's jobs run as pt-<slug> (`testbed.sh identity pt-<slug>` makes one)
+                "job_identity": JobIdentity.TENANT,
+                "tenant_identity_template": "pt-{tenant}",
                 "healthy": True,
             },
         )
