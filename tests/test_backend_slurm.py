@@ -1,11 +1,14 @@
 """SlurmBackend against the real testbed (tests/testbed/testbed.sh): SSH as the portal user,
-sbatch/squeue/sacct/scancel/sacctmgr, no mocks. Every job and account made here is removed in
-a finally, and every wait has a deadline."""
+sbatch/scancel/tail as a job identity through the sudoers rule, squeue/sacct/sacctmgr as the
+operator, no mocks. Every job and account made here is removed in a finally, and every wait has
+a deadline. The testbed runs on this machine, so a test reads Slurm's own records (scontrol)
+and removes the identities' files as root, from outside the portal's path."""
 
 from __future__ import annotations
 
 import base64
 import re
+import shutil
 import socket
 import subprocess
 import time
@@ -13,6 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -52,6 +56,7 @@ def job_spec(script: str, **overrides) -> JobSpec:
         "token": uuid.uuid4().hex,
         "name": "portal-test",
         "account": testbed_env()["SLURM_TESTBED_ACCOUNT"],
+        "user": testbed_env()["SLURM_TESTBED_IDENTITY"],
         "qos": "normal",
         "priority": "normal",
         "partition": "h100",
@@ -68,6 +73,23 @@ def job_spec(script: str, **overrides) -> JobSpec:
     }
     values.update(overrides)
     return JobSpec(**values)
+
+
+def scontrol_job(job_id: str) -> dict[str, str]:
+    """Slurm's own record of the job (scontrol as root on this machine): what sbatch was given."""
+    text = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    return dict(word.split("=", 1) for word in text.split() if "=" in word)
+
+
+def remove_local(path: str) -> None:
+    """An identity's file or tree, removed as root (the service user may not, by design)."""
+    target = Path(path)
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target, ignore_errors=True)
+    else:
+        target.unlink(missing_ok=True)
 
 
 def status_of(backend: SlurmBackend, job_id: str) -> base.JobStatus | None:
@@ -128,8 +150,8 @@ def jobs(backend: SlurmBackend) -> Iterator[list[tuple[str, JobSpec]]]:
     yield submitted
     cleaner = SlurmBackend(make_config())
     for job_id, spec in submitted:
-        cleaner.cancel(job_id)
-        cleaner.run(["rm", "-f", "--", f"{cleaner._job_dir(spec.account)}/{spec.token}.out"])
+        cleaner.cancel(job_id, user=spec.user)
+        remove_local(f"{cleaner._job_dir(spec.account, spec.user)}/{spec.token}.out")
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +182,15 @@ def test_typed_gpu_job_is_found_polled_to_completion_and_logged(backend, jobs):
     job_id = backend.submit(spec)
     jobs.append((job_id, spec))
     assert job_id.isdigit()
-    assert backend.find(spec.token) == job_id
+    assert backend.find(spec.token, account=spec.account, user=spec.user) == job_id
+    # the same token under another account or identity is not this job
+    assert (
+        backend.find(spec.token, account=testbed_env()["SLURM_TESTBED_OTHER_ACCOUNT"], user=spec.user) is None
+    )
+    assert (
+        backend.find(spec.token, account=spec.account, user=testbed_env()["SLURM_TESTBED_OTHER_IDENTITY"])
+        is None
+    )
 
     seen: list[str] = []
 
@@ -180,9 +210,10 @@ def test_typed_gpu_job_is_found_polled_to_completion_and_logged(backend, jobs):
     assert status.started_at.tzinfo is not None
     assert now - timedelta(minutes=5) < status.started_at <= status.finished_at <= now + timedelta(seconds=5)
 
-    sbatch = next(argv for argv in backend.commands if argv[0] == "sbatch")
-    assert "--gres=gpu:a100:1" in sbatch and f"--comment={spec.token}" in sbatch
-    tail = backend.log_tail(JobRef(job_id, spec.token, spec.account), lines=10, max_bytes=4096)
+    record = scontrol_job(job_id)
+    assert record["TresPerNode"] == "gres:gpu:a100:1" and record["Comment"] == spec.token
+    assert record["UserId"].startswith(f"{spec.user}(") and record["Account"] == spec.account
+    tail = backend.log_tail(JobRef(job_id, spec.token, spec.account, spec.user), lines=10, max_bytes=4096)
     assert not tail.truncated
     devices = [line for line in tail.lines if line.startswith("CUDA_VISIBLE_DEVICES=")]
     assert len(devices) == 1 and re.fullmatch(r"CUDA_VISIBLE_DEVICES=[4-7]", devices[0]), tail.lines
@@ -194,10 +225,14 @@ def test_find_in_accounting_matches_the_submit_line(backend, jobs):
     spec = job_spec("true")
     job_id = backend.submit(spec)
     jobs.append((job_id, spec))
-    assert wait_until("slurmdbd to record the job", lambda: backend._find_accounted(spec.token)) == [job_id]
+    owners = {spec.token: (spec.account, spec.user)}
+    accounted = wait_until(
+        "slurmdbd to record the job", lambda: backend._accounted_ids(owners).get(spec.token)
+    )
+    assert accounted == [job_id]
 
     before = len(backend.commands)
-    assert backend.find(uuid.uuid4().hex) is None
+    assert backend.find(uuid.uuid4().hex, account=spec.account, user=spec.user) is None
     searched = backend.commands[before:]
     assert [argv[0] for argv in searched] == ["squeue", "sacct"]
     assert "now-7days" in searched[1]
@@ -217,36 +252,39 @@ def test_cancelled_job_ends_cancelled_and_cancel_again_is_harmless(backend, jobs
     job_id = backend.submit(spec)
     jobs.append((job_id, spec))
     wait_until(f"job {job_id} to run", lambda: status_of(backend, job_id).state == base.RUNNING)
-    backend.cancel(job_id)
+    backend.cancel(job_id, user=spec.user)
+    assert backend.commands[-1][:6] == ["sudo", "-n", "-u", spec.user, "--", "scancel"]
     status = wait_for_end(backend, job_id, timeout=30)
     assert status.state == base.CANCELLED and status.raw_state.startswith("CANCELLED"), status
-    backend.cancel(job_id)  # already finished: not an error
+    backend.cancel(job_id, user=spec.user)  # already finished: not an error
 
 
 def test_job_past_its_walltime_ends_timeout(backend, jobs):
     spec = job_spec("sleep 150", walltime_minutes=1)
     job_id = backend.submit(spec)
     jobs.append((job_id, spec))
-    assert "--time=1" in backend.commands[-1]
+    assert scontrol_job(job_id)["TimeLimit"] == "00:01:00"
     status = wait_for_end(backend, job_id, timeout=170)
     assert (status.state, status.raw_state) == (base.TIMEOUT, "TIMEOUT"), status
     assert status.finished_at - status.started_at < timedelta(seconds=150)
 
 
 def test_poll_of_200_jobs_runs_one_squeue_and_one_sacct(backend):
-    account = testbed_env()["SLURM_TESTBED_ACCOUNT"]
+    account, identity = testbed_env()["SLURM_TESTBED_ACCOUNT"], testbed_env()["SLURM_TESTBED_IDENTITY"]
     options = [
         f"--account={account}",
         "--partition=h100",
         "--gres=gpu:h100:1",
         "--time=1",
         "--output=/dev/null",
+        "--chdir=/tmp",
     ]
     ids: list[str] = []
     try:
         started = time.monotonic()
         for _ in range(200):
-            out = backend.check(["sbatch", "--parsable", "--hold", *options], stdin="#!/bin/sh\ntrue\n")
+            argv = backend._as(identity, ["sbatch", "--parsable", "--hold", *options])
+            out = backend.check(argv, stdin="#!/bin/sh\ntrue\n")
             ids.append(out.strip().split(";")[0])
         submit_s = time.monotonic() - started
         assert len(set(ids)) == 200, submit_s
@@ -266,7 +304,7 @@ def test_poll_of_200_jobs_runs_one_squeue_and_one_sacct(backend):
 
 def test_tenant_gpu_limit_holds_the_second_job(backend, portal_tiers):
     account = f"pt{uuid.uuid4().hex[:10]}"
-    user = testbed_env()["SLURM_TESTBED_USER"]
+    user = testbed_env()["SLURM_TESTBED_IDENTITY"]
     limits = TenantLimits(account, "portal-normal", [user], {"a100": 2}, gpu_minutes=600)
     try:
         backend.apply_tenant(limits)
@@ -276,7 +314,9 @@ def test_tenant_gpu_limit_holds_the_second_job(backend, portal_tiers):
             f"{account}||portal|gres/gpu:a100=2,gres/gpu:h100=0,gres/gpu=2|gres/gpu=600|portal-normal|portal-normal",
         ]
 
-        spec = job_spec("sleep 60", account=account, qos="portal-normal", partition="a100", gpu_type="a100")
+        spec = job_spec(
+            "sleep 60", account=account, user=user, qos="portal-normal", partition="a100", gpu_type="a100"
+        )
         first = backend.submit(replace(spec, gpus_per_node=2))  # usable at once: no retry
         wait_until(f"job {first} to run", lambda: status_of(backend, first).state == base.RUNNING)
         second = backend.submit(replace(spec, token=uuid.uuid4().hex, gpus_per_node=2))
@@ -290,12 +330,12 @@ def test_tenant_gpu_limit_holds_the_second_job(backend, portal_tiers):
         assert status_of(backend, first).state == base.RUNNING
     finally:
         delete_account(backend, account)
-        backend.run(["rm", "-rf", "--", backend._job_dir(account)])
+        remove_local(backend._job_dir(account, user))
 
 
 def test_apply_tenant_twice_writes_nothing_the_second_time(backend, portal_tiers):
     account = f"pt{uuid.uuid4().hex[:10]}"
-    user = testbed_env()["SLURM_TESTBED_USER"]
+    user = testbed_env()["SLURM_TESTBED_IDENTITY"]
     limits = TenantLimits(account, "portal-high", [user], {"a100": 2, "h100": 1}, gpu_minutes=1200)
     try:
         backend.apply_tenant(limits)
@@ -356,7 +396,7 @@ def test_injection_in_names_and_environment_is_refused_or_inert(backend, jobs):
     assert wait_for_end(backend, job_id).state == base.COMPLETED
 
     assert backend.check(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%j"]).rstrip("\n") == spec.name
-    tail = backend.log_tail(JobRef(job_id, spec.token, spec.account), lines=50, max_bytes=65536)
+    tail = backend.log_tail(JobRef(job_id, spec.token, spec.account, spec.user), lines=50, max_bytes=65536)
     printed = dict(line.split("=", 1) for line in tail.lines)
     assert {name: base64.b64decode(value).decode() for name, value in printed.items()} == env
 
@@ -389,7 +429,7 @@ def test_log_tail_reads_a_bounded_tail(backend, jobs):
     job_id = backend.submit(spec)
     jobs.append((job_id, spec))
     assert wait_for_end(backend, job_id).state == base.COMPLETED
-    ref = JobRef(job_id, spec.token, spec.account)
+    ref = JobRef(job_id, spec.token, spec.account, spec.user)
 
     whole = backend.log_tail(ref, lines=1000, max_bytes=1_000_000)
     assert (len(whole.lines), whole.truncated) == (200, False)
@@ -397,7 +437,9 @@ def test_log_tail_reads_a_bounded_tail(backend, jobs):
     assert last.lines == [f"line {i}" for i in range(196, 201)] and last.truncated
     small = backend.log_tail(ref, lines=1000, max_bytes=30)
     assert small.truncated and small.lines == ["line 198", "line 199", "line 200"]
-    missing = backend.log_tail(JobRef(job_id, uuid.uuid4().hex, spec.account), lines=10, max_bytes=100)
+    missing = backend.log_tail(
+        JobRef(job_id, uuid.uuid4().hex, spec.account, spec.user), lines=10, max_bytes=100
+    )
     assert missing == base.LogTail(lines=[], truncated=False)
 
 
@@ -470,7 +512,7 @@ def test_refusals_are_backend_errors_with_slurms_message(backend):
             backend.submit(job_spec("true", account=account))
         assert not isinstance(excinfo.value, BackendUnavailable)
     finally:
-        backend.run(["rmdir", "--", backend._job_dir(account)])
+        remove_local(backend._job_dir(account, testbed_env()["SLURM_TESTBED_IDENTITY"]))
     with pytest.raises(BackendError, match="Invalid qos specification") as excinfo:
         backend.submit(job_spec("true", qos=f"nosuch{uuid.uuid4().hex[:6]}"))
     assert not isinstance(excinfo.value, BackendUnavailable)

@@ -374,6 +374,7 @@ class SlurmBackend:
         deletes and refuses, and why no second command touches a path): the purge can delete
         nothing the tenant's own jobs could not. A directory not made yet has nothing to purge."""
         days = check_count(older_than_days, "purge age in days")
+        check_name(account, "account")
         reports: list[tuple[str, PurgeReport]] = []
         for user in sorted(set(users)):
             directory = self._job_dir(account, user)

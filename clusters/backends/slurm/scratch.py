@@ -114,6 +114,8 @@ def merged(reports: list[tuple[str, PurgeReport]], *, dry_run: bool) -> PurgeRep
     `user` identity mode), each path is given under its identity's name."""
     if len(reports) == 1:
         return reports[0][1]
+    if not reports:
+        return PurgeReport([], {}, 0, dry_run)
     deleted, refused, freed = [], {}, 0
     for user, report in reports:
         deleted += [f"{user}/{path}" for path in report.deleted]
