@@ -116,10 +116,21 @@ def catalog(db):
 
 @pytest.fixture
 def testbed(transactional_db, catalog):
-    """The Slurm testbed, up and registered as the Cluster "testbed" with its partitions."""
-    from tests.testbed.env import registered_testbed
+    """The Slurm testbed, up and registered as the Cluster "testbed" with its partitions. Every
+    tenant made while it is in use gets its job identity there (pt-<slug>), as a site's admin
+    makes a new team's cluster account once: the portal itself can create no Unix user."""
+    from django.db.models.signals import post_save
 
-    return registered_testbed()
+    from tenants.models import Tenant
+    from tests.testbed.env import registered_testbed, testbed_identity
+
+    def identity_for(sender, instance, created, **kwargs):
+        if created:
+            testbed_identity(f"pt-{instance.slug}")
+
+    post_save.connect(identity_for, sender=Tenant, dispatch_uid="testbed-identities")
+    yield registered_testbed()
+    post_save.disconnect(sender=Tenant, dispatch_uid="testbed-identities")
 
 
 @pytest.fixture

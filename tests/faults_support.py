@@ -22,6 +22,7 @@ from jobs.services import JobRequest, job_submit, tenant_apply
 from tenants.models import QuotaGrant, Role, Tenant
 from tests.conftest import ROOT, VENV_BIN, database_url_of_test_db, die_with_parent, join, stop
 from tests.factories import catalog_pair
+from tests.testbed.env import testbed_identity
 
 SCRIPT = "#!/bin/sh\ntrue\n"  # over at once: the fault tests hold the shared testbed's GPUs briefly
 GPU_MODEL = "a100-80gb"  # the a100 partition: the end-to-end tests use h100
@@ -69,6 +70,7 @@ def slurm_tenant(cluster: Cluster, *, gpus: int = 8) -> SlurmTenant:
     """A tenant of its own (unique slug) with a grant of `gpus` concurrent a100 GPUs, applied."""
     scenario, gpu_model = catalog_pair("ai-training", GPU_MODEL)
     tenant = Tenant.objects.create(slug=f"fault-{uuid.uuid4().hex[:8]}", name="Faults")
+    testbed_identity(f"pt-{tenant.slug}")  # its job identity on the testbed (the cluster's template)
     user = join(tenant, f"{tenant.slug}-member", Role.MEMBER)
     today = timezone.localdate()
     QuotaGrant.objects.create(

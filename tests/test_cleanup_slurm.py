@@ -53,10 +53,12 @@ def slurm_tenant(testbed, catalog):
 
 
 def spec(token: str, account: str) -> JobSpec:
+    """A job under the tenant's account, run by the tenant's own identity (as a job of its could)."""
     return JobSpec(
         token=token, name="orphan", account=account, qos="portal-normal", priority="normal", partition="h100",
         gpu_type="h100", k8s_resource="nvidia.com/gpu", k8s_product="", gpus_per_node=1, nodes=1,
         walltime_minutes=5, script="#!/bin/bash\nsleep 300\n", env={}, cpus_per_gpu=1, mem_per_gpu_mb=100,
+        user=f"pt-{account}",
     )  # fmt: skip
 
 
@@ -82,7 +84,7 @@ def test_an_sbatch_with_a_portal_token_the_portal_does_not_know_is_reported_and_
     known.refresh_from_db()
     token = uuid.uuid4().hex
     orphan = backend.submit(spec(token, tenant.slug))  # a real sbatch, --comment=<a portal-looking token>
-    assert backend.find(token) == orphan
+    assert backend.find(token, account=tenant.slug, user=f"pt-{tenant.slug}") == orphan
     # A second sbatch made by hand with the live job's own token (squeue shows the comment to its
     # user) is an orphan too: the portal's job has another id.
     twin = backend.submit(spec(known.token, tenant.slug))
@@ -90,7 +92,7 @@ def test_an_sbatch_with_a_portal_token_the_portal_does_not_know_is_reported_and_
         twins = {row["backend_id"] for row in orphans_find(dry_run=True).orphans}
         assert twin in twins and known.backend_id not in twins
     finally:
-        backend.cancel(twin)
+        backend.cancel(twin, user=f"pt-{tenant.slug}")
     wait_until(
         "the twin to end", lambda: twin not in {j.backend_id for j in backend.list_jobs([tenant.slug])}
     )

@@ -25,8 +25,8 @@ from jobs.services import _spec, job_cancel, job_submit, jobs_poll
 from jobs.services.dispatch import _claim_batch, _dispatch, jobs_dispatch
 from tenants.models import QuotaGrant, Tenant
 from tests.faults_support import slurm_tenant, wait_until
-from tests.test_backend_slurm import job_spec, wait_for_end
-from tests.testbed.env import registered_testbed
+from tests.test_backend_slurm import job_spec, remove_local, wait_for_end
+from tests.testbed.env import registered_testbed, testbed_identity
 from tests.testbed.env import testbed_config as make_config
 
 
@@ -66,6 +66,10 @@ def slurm_ids(bed) -> dict[str, list[str]]:
 # --- The backend: one exec for many sbatch calls
 
 
+def ref(spec, backend_id: str = "") -> JobRef:
+    return JobRef(backend_id, spec.token, spec.account, spec.user)
+
+
 def test_submit_many_answers_each_job_from_one_exec_and_delivers_scripts_intact():
     backend, cleaner = SlurmBackend(make_config()), SlurmBackend(make_config())
     marker = f"/tmp/pwned-{uuid.uuid4().hex}"
@@ -85,16 +89,16 @@ def test_submit_many_answers_each_job_from_one_exec_and_delivers_scripts_intact(
         assert isinstance(first, str) and first.isdigit() and isinstance(second, str) and second.isdigit()
         assert isinstance(local, BackendError) and "job name" in str(local)
         assert type(remote) is BackendError and "Invalid qos specification" in str(remote), remote
-        assert backend.find_many([spec.token for spec in good]) == {
+        assert backend.find_many([ref(spec) for spec in good]) == {
             good[0].token: first,
             good[1].token: second,
         }
 
         for job_id in (first, second):
             assert wait_for_end(backend, job_id).state == "COMPLETED"
-        tail = backend.log_tail(JobRef(first, good[0].token, good[0].account), lines=5, max_bytes=4096)
+        tail = backend.log_tail(ref(good[0], first), lines=5, max_bytes=4096)
         assert base64.b64decode(tail.lines[-1]).decode() == tricky
-        tail = backend.log_tail(JobRef(second, good[1].token, good[1].account), lines=5, max_bytes=4096)
+        tail = backend.log_tail(ref(good[1], second), lines=5, max_bytes=4096)
         assert tail.lines == ["second", "quoted \\n stays"]
         assert (
             backend.check(["squeue", "-h", "-t", "all", "-j", first, "-o", "%j"]).rstrip("\n") == good[0].name
@@ -103,8 +107,8 @@ def test_submit_many_answers_each_job_from_one_exec_and_delivers_scripts_intact(
     finally:
         for result, spec in zip(results, [good[0], refused_here, refused_by_slurm, good[1]], strict=True):
             if isinstance(result, str):
-                cleaner.cancel(result)
-                cleaner.run(["rm", "-f", "--", f"{cleaner._job_dir(spec.account)}/{spec.token}.out"])
+                cleaner.cancel(result, user=spec.user)
+                remove_local(f"{cleaner._job_dir(spec.account, spec.user)}/{spec.token}.out")
 
 
 def test_find_many_asks_squeue_once_and_sacct_only_for_what_squeue_lacks():
@@ -113,17 +117,17 @@ def test_find_many_asks_squeue_once_and_sacct_only_for_what_squeue_lacks():
     job_id = backend.submit(spec)
     try:
         before = len(backend.commands)
-        assert backend.find_many([spec.token]) == {spec.token: job_id}
+        assert backend.find_many([ref(spec)]) == {spec.token: job_id}
         assert [argv[0] for argv in backend.commands[before:]] == ["squeue"]
-        unknown = uuid.uuid4().hex
+        unknown = replace(spec, token=uuid.uuid4().hex)
         before = len(backend.commands)
-        assert backend.find_many([spec.token, unknown]) == {spec.token: job_id}
+        assert backend.find_many([ref(spec), ref(unknown)]) == {spec.token: job_id}
         assert [argv[0] for argv in backend.commands[before:]] == ["squeue", "sacct"]
-        assert backend.find(unknown) is None
+        assert backend.find(unknown.token, account=spec.account, user=spec.user) is None
         with pytest.raises(BackendError):
-            backend.find_many(["../x"])
+            backend.find_many([ref(replace(spec, token="../x"))])
     finally:
-        backend.cancel(job_id)
+        backend.cancel(job_id, user=spec.user)
 
 
 def test_a_command_cut_off_returns_what_it_printed_when_asked_and_raises_otherwise():
@@ -177,6 +181,7 @@ def test_a_batch_adopts_a_job_submitted_before_a_crash_rejects_a_refused_one_and
     cluster, bed = held_bed(gpus=20, nodes=100)
     # A second tenant without a Slurm account: sbatch refuses its job for good.
     stranger = Tenant.objects.create(slug=f"fault-{uuid.uuid4().hex[:8]}", name="No account")
+    testbed_identity(f"pt-{stranger.slug}")  # a job identity, but no association in any account
     grant = QuotaGrant.objects.get(tenant=bed.tenant)
     QuotaGrant.objects.create(
         tenant=stranger, scenario=grant.scenario, gpu_model=grant.gpu_model, gpus=4, gpu_hours=Decimal(10),
@@ -200,7 +205,7 @@ def test_a_batch_adopts_a_job_submitted_before_a_crash_rejects_a_refused_one_and
         assert found[adopted.token] == [submitted]  # adopted by token, not submitted twice
         assert found[Job.objects.get(pk=fresh).token] == [Job.objects.get(pk=fresh).backend_id]
     finally:
-        bed.backend.run(["rmdir", "--", bed.backend._job_dir(stranger.slug)])
+        remove_local(bed.backend._job_dir(stranger.slug, f"pt-{stranger.slug}"))
 
 
 @pytest.mark.django_db(transaction=True)

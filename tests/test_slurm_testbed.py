@@ -70,10 +70,13 @@ def check(client: paramiko.SSHClient, argv: list[str], stdin: str | None = None)
 
 
 def sbatch(client: paramiko.SSHClient, options: list[str], script: str, retry_s: float = 0) -> str:
-    """Submit the script (on stdin); return the job id. Retries while a new association propagates."""
+    """Submit the script (on stdin) as the testbed's first job identity, through the portal user's
+    sudoers rule (the portal user itself may submit nothing); return the job id. Retries while a
+    new association propagates."""
     deadline = time.monotonic() + retry_s
+    as_identity = ["sudo", "-n", "-u", get_testbed_env()["SLURM_TESTBED_IDENTITY"], "--"]
     while True:
-        rc, out, err = run(client, ["sbatch", "--parsable", *options], stdin=script)
+        rc, out, err = run(client, [*as_identity, "sbatch", "--parsable", *options], stdin=script)
         if rc == 0:
             job_id = out.strip().split(";")[0]
             assert job_id.isdigit(), f"unexpected sbatch output {out!r}"
@@ -124,6 +127,7 @@ def test_typed_gpu_job_gets_two_devices():
                 f"--account={env['SLURM_TESTBED_ACCOUNT']}",
                 "--time=1",
                 f"--comment={token}",
+                "--chdir=/tmp",
                 f"--output={output_name}",
             ],
             job_script(f'echo "TOKEN={token}"\necho "CUDA_VISIBLE_DEVICES=${{CUDA_VISIBLE_DEVICES:-unset}}"'),
@@ -142,14 +146,10 @@ def test_typed_gpu_job_gets_two_devices():
         alloc = check(client, ["sacct", "-P", "-n", "-X", "-j", job_id, "-o", "AllocTRES"])
         assert "gres/gpu:a100=2" in alloc, alloc
 
-        sftp = client.open_sftp()
-        try:
-            path = f"{sftp.normalize('.')}/{output_name}"
-            with sftp.open(path) as fh:
-                output = fh.read().decode()
-            sftp.remove(path)
-        finally:
-            sftp.close()
+        # the identity's file, read here as root (the testbed is this machine)
+        path = Path("/tmp") / output_name
+        output = path.read_text()
+        path.unlink()
     finally:
         client.close()
 
@@ -202,8 +202,8 @@ def test_server_offers_public_key_authentication_only():
 
 def test_account_gpu_limit_is_enforced():
     env = get_testbed_env()
-    user = env["SLURM_TESTBED_USER"]
-    parent = env["SLURM_TESTBED_ACCOUNT"]
+    user = env["SLURM_TESTBED_IDENTITY"]
+    parent = env["SLURM_TESTBED_PARENT_ACCOUNT"]
     account = f"tb{uuid.uuid4().hex[:10]}"
     job_ids: list[str] = []
     client = connect()
@@ -245,6 +245,7 @@ def test_account_gpu_limit_is_enforced():
             "--gres=gpu:h100:2",
             "--time=2",
             "--output=/dev/null",
+            "--chdir=/tmp",
         ]
         script = job_script("sleep 30")
         job_ids.append(sbatch(client, options, script, retry_s=20))
