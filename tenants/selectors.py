@@ -155,19 +155,19 @@ def audit_visible_to(*, user: AbstractBaseUser) -> QuerySet[AuditEvent]:
     return AuditEvent.objects.filter(tenant_id__in=tenant_ids_with(user=user, perm=VIEW_AUDIT))
 
 
-def staff_emails() -> list[str]:
-    """Where news of a quota request goes: the staff who may decide it (superusers, and those
-    who hold the power directly or through a role's group)."""
+def quota_deciders() -> QuerySet:
+    """The active staff who may decide quota requests: superusers, and those who hold the power
+    directly or through a role's group (portal.core.staff.can_decide_quota, in SQL)."""
     codenames = [perm.split(".", 1)[1] for perm in (PLATFORM_ADMIN, DECIDE_QUOTA)]
     powers = Permission.objects.filter(content_type__app_label="tenants", codename__in=codenames).values("id")
-    deciders = Q(is_superuser=True) | Q(user_permissions__in=powers) | Q(groups__permissions__in=powers)
-    return list(
-        get_user_model()
-        .objects.filter(deciders, is_staff=True, is_active=True)
-        .exclude(email="")
-        .values_list("email", flat=True)
-        .distinct()
-    )
+    holds = Q(is_superuser=True) | Q(user_permissions__in=powers) | Q(groups__permissions__in=powers)
+    User = get_user_model()
+    return User.objects.filter(id__in=User.objects.filter(holds, is_staff=True, is_active=True).values("id"))
+
+
+def staff_emails() -> list[str]:
+    """Where news of a quota request goes: the staff who may decide it."""
+    return list(quota_deciders().exclude(email="").values_list("email", flat=True))
 
 
 def tenant_manager_emails(*, tenant: Tenant) -> list[str]:

@@ -10,7 +10,10 @@ grants what the console would refuse.
 This module imports no app (portal/core sits below them): permissions are named as strings.
 """
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import AbstractBaseUser, Group
+from django.db import transaction
+
+from portal.core.services import audit_record
 
 # Custom permissions of tenants.Tenant, held globally (not per tenant as the roles' are).
 PLATFORM_ADMIN = "tenants.platform_admin"
@@ -119,3 +122,24 @@ def staff_role_groups_sync(apps, *, verbosity: int = 0) -> dict[str, int]:
         group.permissions.set(rows)
         counts[name] = len(rows)
     return counts
+
+
+@transaction.atomic
+def staff_role_grant(*, user: AbstractBaseUser, role: str) -> None:
+    """Put the user in the role's group, as staff (the console's door opens with it); audited."""
+    if role not in STAFF_ROLES:
+        raise LookupError(f"No staff role {role!r}: one of {', '.join(STAFF_ROLES)}")
+    user.groups.add(Group.objects.get(name=role))
+    if not user.is_staff:
+        user.is_staff = True
+        user.save(update_fields=["is_staff"])
+    audit_record(actor=None, action="staff.role_grant", target=user, data={"role": role})
+
+
+@transaction.atomic
+def staff_role_revoke(*, user: AbstractBaseUser, role: str) -> None:
+    """Take the user out of the role's group; is_staff stays, and alone grants nothing. Audited."""
+    if role not in STAFF_ROLES:
+        raise LookupError(f"No staff role {role!r}: one of {', '.join(STAFF_ROLES)}")
+    user.groups.remove(Group.objects.get(name=role))
+    audit_record(actor=None, action="staff.role_revoke", target=user, data={"role": role})
