@@ -393,3 +393,37 @@ def test_platform_admin_cancels_in_the_console_and_reads_the_script(client, padm
     assert job.state == JobState.CANCELLED
     assert 'name="tier"' in client.get(f"/admin/tenants/tenant/{tenant.pk}/change/").content.decode()
     assert "Platform admin" in client.get(f"/t/{tenant.slug}/").content.decode()
+
+
+@pytest.mark.parametrize(
+    "path", ["/api/v1/jobs/", "/api/v1/tenants/", "/api/v1/quota-requests/", "/api/v1/audit/"]
+)
+def test_support_lists_cost_the_same_queries_for_1_and_20_rows(
+    client_for, support, job, tenant, catalog, path
+):
+    """The staff check reads the caller's permissions once per request, whatever the rows."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from portal.core.services import audit_record
+    from tests.factories import TenantFactory
+
+    api = client_for(support)
+
+    def more(n: int) -> None:
+        for _ in range(n):
+            copy = Job.objects.get(pk=job.pk)
+            copy.pk, copy.token = None, Job._meta.get_field("token").default()
+            copy.save()
+            make_request(TenantFactory(), catalog)
+            audit_record(actor=None, action="test.row", target=job, tenant=tenant)
+
+    more(1)
+    api.get(path)  # warm: content types
+    with CaptureQueriesContext(connection) as one:
+        assert api.get(path).status_code == 200
+    more(19)
+    with CaptureQueriesContext(connection) as twenty:
+        rows = api.get(path).json()["results"]
+    assert len(rows) >= 20
+    assert len(twenty) == len(one), [q["sql"] for q in twenty.captured_queries]
