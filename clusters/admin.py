@@ -29,6 +29,14 @@ class ClusterForm(forms.ModelForm):
         required=False, strip=False, widget=WriteOnlyTextarea(attrs={"rows": 4})
     )
     ssh_private_key_clear = forms.BooleanField(required=False, label="Clear the SSH private key")
+    ssh_key_passphrase = forms.CharField(
+        label="SSH key passphrase",
+        required=False,
+        strip=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="Only for a passphrase-protected key.",
+    )
+    ssh_key_passphrase_clear = forms.BooleanField(required=False, label="Clear the SSH key passphrase")
     k8s_token = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False))
     k8s_token_clear = forms.BooleanField(required=False, label="Clear the Kubernetes token")
     kubeconfig = forms.CharField(required=False, strip=False, widget=WriteOnlyTextarea(attrs={"rows": 4}))
@@ -48,6 +56,7 @@ class ClusterForm(forms.ModelForm):
             "ssh_user",
             "ssh_known_hosts",
             "ssh_private_key",
+            "ssh_key_passphrase",
             "slurm_cluster_name",
             "scratch_root",
             "k8s_api_url",
@@ -112,6 +121,8 @@ class ClusterAdmin(admin.ModelAdmin):
                     "ssh_known_hosts",
                     "ssh_private_key",
                     "ssh_private_key_clear",
+                    "ssh_key_passphrase",
+                    "ssh_key_passphrase_clear",
                     "slurm_cluster_name",
                     "scratch_root",
                 ]
@@ -139,6 +150,48 @@ class ClusterAdmin(admin.ModelAdmin):
     @admin.display(description=_("Health"), ordering="healthy")
     def health(self, obj: Cluster) -> str:
         return health_badge(obj)
+
+    def get_fieldsets(self, request, obj=None):
+        """Without the change permission the console shows every field as read-only text, which
+        bypasses the form's write-only widgets: there, each secret becomes a line that says only
+        whether it is set, and its "clear" box goes."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if self.has_change_permission(request, obj):
+            return fieldsets
+        clear_boxes = {f"{name}_clear" for name in Cluster.SECRET_FIELDS}
+        shown = []
+        for title, options in fieldsets:
+            fields = [
+                f"{name}_state" if name in Cluster.SECRET_FIELDS else name
+                for name in options["fields"]
+                if name not in clear_boxes
+            ]
+            shown.append((title, {**options, "fields": fields}))
+        return shown
+
+    def get_readonly_fields(self, request, obj=None):
+        states = [f"{name}_state" for name in Cluster.SECRET_FIELDS]
+        return [*super().get_readonly_fields(request, obj), *states]
+
+    @staticmethod
+    def _secret_state(obj: Cluster | None, name: str) -> str:
+        return _("Set (write-only)") if obj is not None and getattr(obj, name) else _("Not set")
+
+    @admin.display(description=_("SSH private key"))
+    def ssh_private_key_state(self, obj: Cluster | None) -> str:
+        return self._secret_state(obj, "ssh_private_key")
+
+    @admin.display(description=_("SSH key passphrase"))
+    def ssh_key_passphrase_state(self, obj: Cluster | None) -> str:
+        return self._secret_state(obj, "ssh_key_passphrase")
+
+    @admin.display(description=_("Kubernetes token"))
+    def k8s_token_state(self, obj: Cluster | None) -> str:
+        return self._secret_state(obj, "k8s_token")
+
+    @admin.display(description=_("Kubeconfig"))
+    def kubeconfig_state(self, obj: Cluster | None) -> str:
+        return self._secret_state(obj, "kubeconfig")
 
     @admin.action(description=_("Check health now"), permissions=["change"])
     def check_health(self, request, queryset) -> None:

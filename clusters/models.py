@@ -2,6 +2,7 @@ from django.core.validators import MinValueValidator, URLValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from portal.core.fields import EncryptedTextField
 from portal.core.validators import cluster_username_validator, slug_validator
 
 
@@ -115,8 +116,10 @@ def validate_identity_template(value: str) -> None:
 
 
 class Cluster(models.Model):
-    """Where jobs run. Secrets (SSH private key, Kubernetes token and kubeconfig) are
-    write-only: forms and the admin accept them, nothing shows or returns them."""
+    """Where jobs run. Secrets (SSH private key and its passphrase, Kubernetes token and
+    kubeconfig) are write-only: forms and the admin accept them, nothing shows or returns them;
+    the database holds them encrypted with FIELD_ENCRYPTION_KEY (portal/core/fields.py). The CA
+    certificate and known_hosts are public keys, kept in clear."""
 
     slug = models.CharField(max_length=63, unique=True, validators=[slug_validator])
     name = models.CharField(max_length=100)
@@ -127,7 +130,8 @@ class Cluster(models.Model):
     ssh_port = models.PositiveIntegerField(default=22)
     ssh_user = models.CharField(max_length=64, blank=True)
     ssh_known_hosts = models.TextField(blank=True, help_text=_("known_hosts lines for the login node"))
-    ssh_private_key = models.TextField(blank=True)
+    ssh_private_key = EncryptedTextField(blank=True)
+    ssh_key_passphrase = EncryptedTextField(blank=True, help_text=_("Only for a passphrase-protected key"))
     slurm_cluster_name = models.CharField(max_length=64, blank=True)
     scratch_root = models.CharField(
         max_length=255,
@@ -155,8 +159,8 @@ class Cluster(models.Model):
     # Kubernetes: a kubeconfig, or an API URL with token and CA.
     k8s_api_url = models.URLField(blank=True)
     k8s_ca_cert = models.TextField(blank=True)
-    k8s_token = models.TextField(blank=True)
-    kubeconfig = models.TextField(blank=True)
+    k8s_token = EncryptedTextField(blank=True)
+    kubeconfig = EncryptedTextField(blank=True)
     uses_kueue = models.BooleanField(default=False)
     k8s_image = models.CharField(
         max_length=255, default="docker.io/library/python:3.11-slim", help_text=_("Container image of jobs")
@@ -176,7 +180,7 @@ class Cluster(models.Model):
     health_detail = models.CharField(max_length=500, blank=True)
     health_checked_at = models.DateTimeField(null=True, blank=True)
 
-    SECRET_FIELDS = ("ssh_private_key", "k8s_token", "kubeconfig")
+    SECRET_FIELDS = ("ssh_private_key", "ssh_key_passphrase", "k8s_token", "kubeconfig")
 
     class Meta:
         ordering = ["slug"]

@@ -9,7 +9,8 @@ from clusters.models import Cluster, Partition
 
 
 def cluster_config(cluster: Cluster) -> ClusterConfig:
-    """The plain data a backend needs; it carries secrets, so it is never logged or returned."""
+    """The plain data a backend needs; it carries secrets (decrypted as the row was read, in
+    memory only), so it is never logged or returned."""
     return ClusterConfig(
         slug=cluster.slug,
         kind=cluster.kind,
@@ -18,6 +19,7 @@ def cluster_config(cluster: Cluster) -> ClusterConfig:
         ssh_user=cluster.ssh_user,
         ssh_known_hosts=cluster.ssh_known_hosts,
         ssh_private_key=cluster.ssh_private_key,
+        ssh_key_passphrase=cluster.ssh_key_passphrase,
         slurm_cluster_name=cluster.slurm_cluster_name,
         scratch_root=cluster.scratch_root,
         k8s_api_url=cluster.k8s_api_url,

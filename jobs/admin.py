@@ -5,6 +5,7 @@ from jobs.models import Job, JobEvent
 from jobs.selectors import job_counts_of, jobs_waiting_of
 from jobs.services import job_cancel
 from portal.core.errors import PortalError
+from portal.core.staff import is_platform_admin
 from tenants.admin import DECISION_CONTEXT
 
 WAITING_JOBS_SHOWN = 50
@@ -53,6 +54,17 @@ class JobAdmin(admin.ModelAdmin):
     inlines = [JobEventInline]
     actions = ["cancel_selected"]
 
+    # A job's script and environment often carry credentials, and its scheduler token is what
+    # reconciliation adopts a job by: only platform admins read them here (as in the API, where
+    # the job's submitter and its tenant's managers read script and environment too).
+    PRIVATE_FIELDS = ("script", "env", "token")
+
+    def get_fields(self, request, obj=None):
+        fields = super().get_fields(request, obj)
+        if is_platform_admin(request.user):
+            return fields
+        return [name for name in fields if name not in self.PRIVATE_FIELDS]
+
     def get_readonly_fields(self, request, obj=None):
         return [f.name for f in Job._meta.fields]
 
@@ -62,7 +74,7 @@ class JobAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
-    @admin.action(description=_("Cancel selected jobs"))
+    @admin.action(description=_("Cancel selected jobs"), permissions=["change"])
     def cancel_selected(self, request, queryset):
         done = skipped = 0
         for job in queryset.select_related("tenant"):

@@ -1,10 +1,12 @@
 """Settings, every one from the environment with a safe default (README: the table of settings)."""
 
+import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 
 from portal.envvars import email_config, env_bool, env_choice, env_int, env_list, env_secret, env_str
@@ -29,6 +31,49 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
+
+
+def _generated_once(path: Path, make) -> str:
+    """The text of `path`, which the first process to get here writes whole: a temporary file
+    linked into place, so that processes starting together all read the same text and none
+    reads a half-written one."""
+    if not path.exists():
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as file:
+            file.write(make())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process was first: its text wins
+        finally:
+            tmp.unlink()
+    return path.read_text().strip()
+
+
+def _field_encryption_keys() -> list[str]:
+    """FIELD_ENCRYPTION_KEY (or _FILE): Fernet keys separated by commas or spaces, the first
+    encrypts and all decrypt (portal/core/fields.py); else one generated once into var/."""
+    text = env_secret("FIELD_ENCRYPTION_KEY")
+    if text is None:
+        text = _generated_once(VAR_DIR / "field_encryption_key", lambda: Fernet.generate_key().decode())
+    keys = text.replace(",", " ").split()
+    for number, key in enumerate(keys, start=1):
+        try:
+            Fernet(key)
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"FIELD_ENCRYPTION_KEY: key {number} is not a Fernet key (32 bytes in urlsafe base64; "
+                "make one with `python -c 'from cryptography.fernet import Fernet; "
+                "print(Fernet.generate_key().decode())'`)"
+            ) from None
+    if not keys:
+        raise ImproperlyConfigured("FIELD_ENCRYPTION_KEY names no key")
+    return keys
+
+
+# Encrypts cluster secrets at rest; kept out of the database (docs: staff roles and secrets).
+FIELD_ENCRYPTION_KEY = _field_encryption_keys()
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])

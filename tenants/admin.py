@@ -15,6 +15,7 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
 from portal.core.errors import PortalError
+from portal.core.staff import can_decide_quota, is_platform_admin
 from tenants import services
 from tenants.models import Membership, QuotaGrant, QuotaRequest, RequestState, Role, Tenant
 
@@ -61,7 +62,12 @@ class TenantAdmin(admin.ModelAdmin):
     inlines = [MembershipInline]
 
     def get_readonly_fields(self, request, obj=None):
-        return ["slug"] if obj else []
+        fixed = ["slug"] if obj else []
+        # Tiers and states are platform admins' to set, as in the API (portal.core.staff).
+        return fixed if is_platform_admin(request.user) else [*fixed, "tier", "state"]
+
+    def has_add_permission(self, request):
+        return super().has_add_permission(request) and is_platform_admin(request.user)
 
     def save_model(self, request, obj, form, change):
         if not change:
@@ -157,6 +163,10 @@ class QuotaRequestAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+    def has_change_permission(self, request, obj=None):
+        # Changing a request is deciding it: the model permission, and the power the API asks for.
+        return super().has_change_permission(request, obj) and can_decide_quota(request.user)
 
     @admin.display(description=_("Decision"))
     def decide_link(self, obj):

@@ -12,10 +12,11 @@ from rest_framework.views import APIView
 from portal.core.models import AuditEvent
 from portal.core.parsing import parsed
 from portal.core.serializers import ID_LOOKUP, SLUG_LOOKUP, SLUG_PATTERN, USERNAME_PATTERN, is_username
+from portal.core.staff import is_platform_admin, staff_roles_of
 from tenants import roles, services
 from tenants.filters import AuditFilter, QuotaFilter, QuotaRequestFilter
 from tenants.models import Membership, QuotaGrant, QuotaRequest, Role, Tenant
-from tenants.permissions import require, require_staff
+from tenants.permissions import require, require_platform_admin, require_quota_decider
 from tenants.selectors import (
     audit_visible_to,
     grants_visible_to,
@@ -51,6 +52,8 @@ class Me(APIView):
             "username": user.get_username(),
             "email": user.email,
             "is_staff": user.is_staff,
+            "platform_admin": is_platform_admin(user),
+            "staff_roles": staff_roles_of(user),
             "tenants": list(memberships_of(user=user)),
         }
         return Response(MeOut(me).data)
@@ -67,7 +70,7 @@ class TenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
 
     @extend_schema(request=TenantIn, responses={201: TenantOut})
     def create(self, request):
-        require_staff(request.user)
+        require_platform_admin(request.user)
         data = parsed(TenantIn, request)
         tenant = services.tenant_create(actor=request.user, **data)
         return Response(TenantOut(tenant).data, status=status.HTTP_201_CREATED)
@@ -77,7 +80,7 @@ class TenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
         tenant = self.get_object()
         changes = parsed(TenantPatch, request)
         if changes.keys() & {"tier", "state"}:
-            require_staff(request.user)
+            require_platform_admin(request.user)
         if changes.keys() & {"name", "contact_email"}:
             require(request.user, tenant, roles.CHANGE)
         tenant = services.tenant_update(actor=request.user, tenant=tenant, changes=changes)
@@ -184,7 +187,7 @@ class QuotaRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
     @action(detail=True, methods=["post"])
     def approve(self, request, pk=None):
         quota_request = self.get_object()
-        require_staff(request.user)
+        require_quota_decider(request.user)
         data = parsed(ApprovalIn, request)
         quota_request = services.quota_request_approve(actor=request.user, request=quota_request, **data)
         return Response(QuotaRequestOut(quota_request).data)
@@ -193,7 +196,7 @@ class QuotaRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
     @action(detail=True, methods=["post"])
     def reject(self, request, pk=None):
         quota_request = self.get_object()
-        require_staff(request.user)
+        require_quota_decider(request.user)
         data = parsed(DecisionIn, request)
         quota_request = services.quota_request_reject(actor=request.user, request=quota_request, **data)
         return Response(QuotaRequestOut(quota_request).data)

@@ -50,6 +50,10 @@ class Tenant(models.Model):
             ("submit_job", "Submit jobs and cancel one's own"),
             ("cancel_any_job", "Cancel any job of the tenant"),
             ("view_audit", "Read the tenant's audit log"),
+            # Held globally by staff, never per tenant: portal/core/staff.py reads them.
+            ("platform_admin", "Platform admin: every power in every tenant"),
+            ("decide_quota", "Decide any tenant's quota requests"),
+            ("view_all", "Read every tenant (not job scripts or environments)"),
         ]
 
     def __str__(self) -> str:

@@ -6,13 +6,14 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import AbstractBaseUser, Permission
 from django.core.exceptions import ValidationError
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from clusters.models import Cluster, ClusterKind, IdentityCheck, JobIdentity
 from portal.core.compiled import CompiledQuery
 from portal.core.models import AuditEvent
+from portal.core.staff import DECIDE_QUOTA, PLATFORM_ADMIN, is_platform_admin, sees_all_tenants
 from portal.core.validators import cluster_username_validator
 from tenants.models import (
     ClusterAccount,
@@ -25,12 +26,26 @@ from tenants.models import (
 )
 from tenants.roles import ALL_PERMISSIONS, VIEW, VIEW_AUDIT
 
+# What staff who see every tenant (portal.core.staff.sees_all_tenants) may do in each: read it
+# and its audit log, as a viewer with the audit. Platform admins hold ALL_PERMISSIONS.
+READ_ALL_PERMISSIONS = frozenset({VIEW, VIEW_AUDIT})
+
+
+def _everywhere(user: AbstractBaseUser, perm: str) -> bool:
+    """Does the user hold `perm` in every tenant, as staff?"""
+    if not user.is_staff:  # the common caller: no permission query at all
+        return False
+    if perm in READ_ALL_PERMISSIONS:
+        return sees_all_tenants(user)
+    return is_platform_admin(user)
+
 
 def tenant_ids_with(*, user: AbstractBaseUser, perm: str) -> QuerySet:
-    """Ids of the tenants where the user holds `perm`, as a subquery (platform admins: all)."""
+    """Ids of the tenants where the user holds `perm`, as a subquery (staff who hold it
+    everywhere: all)."""
     if not user.is_authenticated or not user.is_active:
         return Tenant.objects.none().values("id")
-    if user.is_staff:
+    if _everywhere(user, perm):
         return Tenant.objects.values("id")
     return TenantUserPermission.objects.filter(
         user=user, permission__codename=perm, permission__content_type__app_label="tenants"
@@ -93,7 +108,7 @@ def tenant_id_list(*, user: AbstractBaseUser, perm: str = VIEW) -> list[int] | Q
     (every tenant)."""
     if not user.is_authenticated or not user.is_active:
         return []
-    if user.is_staff:
+    if _everywhere(user, perm):
         return tenant_ids_with(user=user, perm=perm)
     return sorted(tenant_id for tenant_id, perms in tenant_perm_map(user=user).items() if perm in perms)
 
@@ -106,9 +121,12 @@ def tenant_perms(*, user: AbstractBaseUser, tenant: Tenant) -> frozenset[str]:
     """What the user may do in this tenant (one query per request: tenant_perm_map)."""
     if not user.is_authenticated or not user.is_active:
         return frozenset()
-    if user.is_staff:
+    if user.is_staff and is_platform_admin(user):
         return ALL_PERMISSIONS
-    return tenant_perm_map(user=user).get(tenant.pk, frozenset())
+    own = tenant_perm_map(user=user).get(tenant.pk, frozenset())
+    if user.is_staff and sees_all_tenants(user):
+        return own | READ_ALL_PERMISSIONS
+    return own
 
 
 def memberships_of(*, user: AbstractBaseUser) -> QuerySet[Membership]:
@@ -142,19 +160,25 @@ def grants_visible_to(*, user: AbstractBaseUser) -> QuerySet[QuotaGrant]:
 
 
 def audit_visible_to(*, user: AbstractBaseUser) -> QuerySet[AuditEvent]:
-    """Owners and managers read their tenants' events; platform admins read all."""
-    if user.is_staff:
+    """Owners and managers read their tenants' events; staff who see every tenant read all."""
+    if user.is_staff and sees_all_tenants(user):
         return AuditEvent.objects.all()
     return AuditEvent.objects.filter(tenant_id__in=tenant_ids_with(user=user, perm=VIEW_AUDIT))
 
 
+def quota_deciders() -> QuerySet:
+    """The active staff who may decide quota requests: superusers, and those who hold the power
+    directly or through a role's group (portal.core.staff.can_decide_quota, in SQL)."""
+    codenames = [perm.split(".", 1)[1] for perm in (PLATFORM_ADMIN, DECIDE_QUOTA)]
+    powers = Permission.objects.filter(content_type__app_label="tenants", codename__in=codenames).values("id")
+    holds = Q(is_superuser=True) | Q(user_permissions__in=powers) | Q(groups__permissions__in=powers)
+    User = get_user_model()
+    return User.objects.filter(id__in=User.objects.filter(holds, is_staff=True, is_active=True).values("id"))
+
+
 def staff_emails() -> list[str]:
-    return list(
-        get_user_model()
-        .objects.filter(is_staff=True, is_active=True)
-        .exclude(email="")
-        .values_list("email", flat=True)
-    )
+    """Where news of a quota request goes: the staff who may decide it."""
+    return list(quota_deciders().exclude(email="").values_list("email", flat=True))
 
 
 def tenant_manager_emails(*, tenant: Tenant) -> list[str]:

@@ -32,7 +32,12 @@ class MeTenantOut(serializers.Serializer):
 class MeOut(serializers.Serializer):
     username = serializers.CharField()
     email = serializers.EmailField(allow_blank=True)  # Django's users may have none
-    is_staff = serializers.BooleanField()
+    is_staff = serializers.BooleanField(help_text="May enter the admin console; grants nothing else.")
+    platform_admin = serializers.BooleanField(help_text="Holds every power in every tenant.")
+    staff_roles = serializers.ListField(
+        child=serializers.CharField(),
+        help_text='The documented staff roles held: "Platform admin", "Quota approver", "Read-only support".',
+    )
     tenants = MeTenantOut(many=True)
 
 

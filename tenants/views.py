@@ -21,6 +21,7 @@ from clusters import advisor
 from clusters.selectors import cluster_list, gpu_model_list, scenario_list
 from clusters.serializers import ADVICE_IN
 from portal.core.errors import Forbidden, Invalid, PortalError
+from portal.core.staff import is_platform_admin
 from tenants import roles, services
 from tenants.forms import ADVICE_FIELDS, MemberAddForm, MemberRoleForm, QuotaRequestForm
 from tenants.models import Membership, Role, Tenant
@@ -95,7 +96,10 @@ def tenant_context(request: HttpRequest, tenant: Tenant | None) -> dict:
     role, perms = None, frozenset()
     if tenant is not None:
         membership = memberships_of(user=request.user).filter(tenant=tenant).first()
-        role = membership.get_role_display() if membership else _("Platform admin")
+        if membership:
+            role = membership.get_role_display()
+        else:  # staff who see every tenant; only platform admins act in it
+            role = _("Platform admin") if is_platform_admin(request.user) else _("Staff (read-only)")
         perms = tenant_perms(user=request.user, tenant=tenant)
     return {
         "tenant": tenant,
@@ -112,7 +116,7 @@ def tenant_context(request: HttpRequest, tenant: Tenant | None) -> dict:
 @require_GET
 def home(request: HttpRequest) -> HttpResponse:
     """The first of the caller's teams, or a page that says how to join one."""
-    first = memberships_of(user=request.user).first() if not request.user.is_staff else None
+    first = memberships_of(user=request.user).first()
     slug = first.tenant.slug if first else None
     if slug is None:
         slug = tenants_visible_to(user=request.user).order_by("slug").values_list("slug", flat=True).first()

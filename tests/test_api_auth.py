@@ -90,6 +90,8 @@ def test_me_lists_the_callers_tenants_and_roles(client_for, owner, outsider):
         "username": "owner",
         "email": "owner@example.org",
         "is_staff": False,
+        "platform_admin": False,
+        "staff_roles": [],
         "tenants": [{"slug": "protein-lab", "name": "Protein Lab", "role": "owner"}],
     }
 

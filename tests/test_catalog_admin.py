@@ -16,6 +16,7 @@ seed_migration = importlib.import_module("clusters.migrations.0002_seed_catalog"
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAAsecret-key-material\n-----END OPENSSH PRIVATE KEY-----\n"
 SECRETS = {
     "ssh_private_key": KEY,
+    "ssh_key_passphrase": "passphrase-secret-material",
     "k8s_token": "k8s-token-secret-material",
     "kubeconfig": "apiVersion: v1\nusers:\n- name: a\n  user: {token: kubeconfig-secret-material}\n",
 }
@@ -57,6 +58,7 @@ def form_data(cluster: Cluster, **changes) -> dict:
         "ssh_user": "",
         "ssh_known_hosts": "",
         "ssh_private_key": "",
+        "ssh_key_passphrase": "",
         "slurm_cluster_name": "",
         "scratch_root": "",
         "k8s_api_url": "",
@@ -74,15 +76,15 @@ def form_data(cluster: Cluster, **changes) -> dict:
 
 def test_change_page_never_shows_a_stored_secret(staff, cluster):
     page = staff.get(change_url(cluster)).content.decode()
-    for secret in ("secret-key-material", "k8s-token-secret-material", "kubeconfig-secret-material"):
+    for secret in ("secret-key-material", "passphrase-secret", "k8s-token-secret", "kubeconfig-secret"):
         assert secret not in page
-    assert page.count("Currently set.") == 3
+    assert page.count("Currently set.") == 4
     assert 'name="ssh_private_key_clear"' in page
 
 
 def test_change_page_says_not_set_when_empty(staff):
     cluster = Cluster.objects.create(slug="k8s", name="K8s", kind="kubernetes")
-    assert staff.get(change_url(cluster)).content.decode().count("Currently not set.") == 3
+    assert staff.get(change_url(cluster)).content.decode().count("Currently not set.") == 4
 
 
 def test_saving_with_the_secret_fields_blank_keeps_them(staff, cluster):

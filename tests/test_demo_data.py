@@ -6,6 +6,7 @@ import pytest
 from django.contrib.auth import authenticate, get_user_model
 from django.core.management import call_command
 
+from portal.core.staff import can_decide_quota, is_platform_admin, sees_all_tenants, staff_roles_of
 from tenants.models import Membership, QuotaGrant, QuotaRequest, Role
 
 
@@ -17,9 +18,15 @@ def test_demo_data_is_idempotent_and_its_logins_work(tmp_path, capsys, settings)
     call_command("demo_data")
     assert capsys.readouterr().out == first
     logins = json.loads((tmp_path / "demo-logins.txt").read_text())
-    assert set(logins) == {"admin", "alice", "bob", "carol", "dave", "erin"}
-    assert get_user_model().objects.count() == 6
-    assert authenticate(username="admin", password=logins["admin"]).is_staff
+    assert set(logins) == {"admin", "quinn", "sam", "alice", "bob", "carol", "dave", "erin"}
+    assert get_user_model().objects.count() == 8
+    admin = authenticate(username="admin", password=logins["admin"])
+    assert is_platform_admin(admin)
+    quinn, sam = (authenticate(username=name, password=logins[name]) for name in ("quinn", "sam"))
+    assert staff_roles_of(quinn) == ["Quota approver"] and can_decide_quota(quinn)
+    assert not is_platform_admin(quinn)
+    assert staff_roles_of(sam) == ["Read-only support"] and sees_all_tenants(sam)
+    assert not can_decide_quota(sam)
     assert authenticate(username="dave", password=logins["dave"]) is not None
     roles = set(Membership.objects.filter(tenant__slug="protein-lab").values_list("role", flat=True))
     assert roles == set(Role.values)

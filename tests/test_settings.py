@@ -16,7 +16,18 @@ def load_settings(
 ) -> subprocess.CompletedProcess:
     """Import portal.settings in a fresh interpreter, as `manage.py` would at start, and print
     `show` (of the settings module `s`)."""
-    clean = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "SECRET_KEY"}}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in {
+            "DATABASE_URL",
+            "REDIS_URL",
+            "SECRET_KEY",
+            "FIELD_ENCRYPTION_KEY",
+            "FIELD_ENCRYPTION_KEY_FILE",
+        }
+    }
     return subprocess.run(
         [
             sys.executable,
@@ -147,3 +158,48 @@ def test_the_sender_of_error_mail_follows_the_email_urls_from(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["gpu@example.org", "gpu@example.org"]
+
+
+def test_the_field_encryption_key_is_made_once_and_kept_private(tmp_path):
+    first = load_settings(tmp_path, show="s.FIELD_ENCRYPTION_KEY")
+    assert first.returncode == 0, first.stderr
+    key_file = tmp_path / "field_encryption_key"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert first.stdout.strip() == repr([key_file.read_text().strip()])
+    assert load_settings(tmp_path, show="s.FIELD_ENCRYPTION_KEY").stdout == first.stdout
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".field_encryption_key")] == []
+
+
+def test_processes_starting_together_agree_on_one_field_key(tmp_path):
+    script = "import portal.settings as s; print(s.FIELD_ENCRYPTION_KEY[0])"
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL"}} | {
+        "VAR_DIR": str(tmp_path)
+    }
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(6)
+    ]
+    keys = {proc.communicate(timeout=60)[0].strip() for proc in procs}
+    assert keys == {(tmp_path / "field_encryption_key").read_text().strip()}
+
+
+def test_field_encryption_keys_from_the_environment_or_a_file(tmp_path):
+    from cryptography.fernet import Fernet
+
+    new, old = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    listed = load_settings(tmp_path, show="s.FIELD_ENCRYPTION_KEY", FIELD_ENCRYPTION_KEY=f"{new}, {old}")
+    assert listed.stdout.strip() == repr([new, old])
+    assert not (tmp_path / "field_encryption_key").exists()
+    key_file = tmp_path / "keys"
+    key_file.write_text(f"{new}\n")
+    from_file = load_settings(
+        tmp_path, show="s.FIELD_ENCRYPTION_KEY", FIELD_ENCRYPTION_KEY_FILE=str(key_file)
+    )
+    assert from_file.stdout.strip() == repr([new])
+
+
+def test_a_malformed_field_encryption_key_stops_the_start_without_echoing_it(tmp_path):
+    result = load_settings(tmp_path, FIELD_ENCRYPTION_KEY="not-a-fernet-key-hunter2")
+    assert result.returncode != 0
+    assert "FIELD_ENCRYPTION_KEY: key 1 is not a Fernet key" in result.stderr
+    assert "hunter2" not in result.stderr

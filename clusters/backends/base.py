@@ -50,6 +50,7 @@ class ClusterConfig:
     ssh_user: str = ""
     ssh_known_hosts: str = field(default="", repr=False)
     ssh_private_key: str = field(default="", repr=False)
+    ssh_key_passphrase: str = field(default="", repr=False)  # of an encrypted private key
     slurm_cluster_name: str = ""
     scratch_root: str = ""
     k8s_api_url: str = ""

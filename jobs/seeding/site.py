@@ -34,6 +34,7 @@ from tenants.models import (
     Tier,
 )
 from tenants.roles import ALL_PERMISSIONS, ROLE_PERMISSIONS, SUBMIT_JOB
+from tenants.selectors import quota_deciders
 
 SEED_TENANT_RE = r"^seed-[0-9]{4,}$"
 SEED_USER_RE = r"^seed-u[0-9]{5,}$"
@@ -155,11 +156,7 @@ class SiteSeeder:
                 "scenario_id", "gpu_model_id"
             )
         )
-        staff = (
-            get_user_model()
-            .objects.filter(is_staff=True, is_active=True)
-            .exclude(username__regex=SEED_USER_RE)
-        )
+        staff = quota_deciders().exclude(username__regex=SEED_USER_RE)
         admin = staff.order_by("id").first()  # decides the seeded requests, as one would on a real site
         self.admin = (admin.pk, admin.get_username()) if admin else None
         self.audit: list[tuple] = []

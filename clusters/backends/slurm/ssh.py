@@ -96,6 +96,7 @@ def _fingerprint(config: ClusterConfig) -> str:
         config.ssh_user,
         config.ssh_known_hosts,
         config.ssh_private_key,
+        config.ssh_key_passphrase,
     )
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
@@ -111,13 +112,27 @@ def _entry(config: ClusterConfig) -> _Pooled:
         return entry
 
 
-def _private_key(text: str) -> paramiko.PKey:
+def private_key(text: str, passphrase: str = "") -> paramiko.PKey:
+    """The cluster's private key (ed25519, ECDSA or RSA, in OpenSSH or PEM form), decrypted with
+    its passphrase when it has one. The messages name no part of the key or passphrase."""
+    needs_passphrase = False
     for key_class in (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey):
         try:
-            return key_class.from_private_key(io.StringIO(text))
-        except (paramiko.SSHException, ValueError):
+            return key_class.from_private_key(io.StringIO(text), password=passphrase or None)
+        except paramiko.PasswordRequiredException:
+            needs_passphrase = True
+        except (paramiko.SSHException, ValueError, TypeError):
+            # A wrong passphrase reads as an unreadable key (paramiko cannot tell them apart for
+            # every format); a key of another type fails the same way.
             continue
-    raise BackendUnavailable("the cluster's SSH private key is not an unencrypted ed25519, ECDSA or RSA key")
+    if needs_passphrase:
+        raise BackendUnavailable("the cluster's SSH private key is encrypted: set its passphrase")
+    if passphrase:
+        raise BackendUnavailable(
+            "the cluster's SSH private key cannot be read with its passphrase: check both "
+            "(an ed25519, ECDSA or RSA key is expected)"
+        )
+    raise BackendUnavailable("the cluster's SSH private key is not an ed25519, ECDSA or RSA key")
 
 
 def _host_keys(client: paramiko.SSHClient, known_hosts: str) -> None:
@@ -145,7 +160,7 @@ def _connect(config: ClusterConfig, timeout_s: float) -> paramiko.SSHClient:
             config.ssh_host,
             port=config.ssh_port,
             username=config.ssh_user,
-            pkey=_private_key(config.ssh_private_key),
+            pkey=private_key(config.ssh_private_key, config.ssh_key_passphrase),
             timeout=timeout_s,
             banner_timeout=timeout_s,
             auth_timeout=timeout_s,

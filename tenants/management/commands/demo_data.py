@@ -1,4 +1,5 @@
-"""Demo data for the embedded portal: a platform admin, two tenants, one user for each role.
+"""Demo data for the embedded portal: a platform admin, a quota approver and a read-only support
+person (staff roles, portal/core/staff.py), two tenants, one user for each role.
 
 Passwords are random, made on the first run and kept in var/demo-logins.txt (mode 0600), so
 that no password lives in the repository and a second run prints the same logins."""
@@ -10,12 +11,14 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import transaction
 from django.utils import timezone
 
 from clusters.models import Cluster, ClusterKind, GpuModel, Partition, Scenario
+from portal.core.staff import ROLE_PLATFORM_ADMIN, ROLE_QUOTA_APPROVER, ROLE_READ_ONLY_SUPPORT
 from tenants.models import QuotaRequest, Role, Tenant, Tier
 from tenants.services import membership_add, quota_request_approve, quota_request_create, tenant_create
 
@@ -23,7 +26,14 @@ TENANTS = [
     ("protein-lab", "Protein Folding Lab", Tier.HIGH),
     ("cfd-group", "Aero CFD Group", Tier.NORMAL),
 ]
-# username -> (tenant slug, role); the admin belongs to no tenant.
+# username -> staff role; staff belong to no tenant. The admin is also a superuser (it manages
+# staff accounts, which no role may).
+STAFF = {
+    "admin": ROLE_PLATFORM_ADMIN,
+    "quinn": ROLE_QUOTA_APPROVER,
+    "sam": ROLE_READ_ONLY_SUPPORT,
+}
+# username -> (tenant slug, role)
 USERS = {
     "alice": ("protein-lab", Role.OWNER),
     "bob": ("protein-lab", Role.MANAGER),
@@ -46,15 +56,18 @@ class Command(BaseCommand):
                 tenants[slug] = Tenant.objects.filter(slug=slug).first() or tenant_create(
                     actor=None, slug=slug, name=name, tier=tier, contact_email=f"{slug}@example.org"
                 )
-            for username in ["admin", *USERS]:
+            for username in [*STAFF, *USERS]:
                 password = logins.setdefault(username, secrets.token_urlsafe(9))
                 user, created = User.objects.get_or_create(
                     username=username, defaults={"email": f"{username}@example.org"}
                 )
                 if created:
                     user.set_password(password)
-                    user.is_staff = user.is_superuser = username == "admin"
+                    user.is_staff = username in STAFF
+                    user.is_superuser = username == "admin"
                     user.save()
+                if username in STAFF:
+                    user.groups.add(Group.objects.get(name=STAFF[username]))
                 if username in USERS:
                     slug, role = USERS[username]
                     if not user.memberships.filter(tenant=tenants[slug]).exists():
@@ -67,7 +80,8 @@ class Command(BaseCommand):
         logins_path.touch(mode=0o600)
         logins_path.write_text(json.dumps(logins, indent=1))
         self.stdout.write("Demo logins (username / password / role):")
-        self.stdout.write(f"  {'admin':<6} {logins['admin']:<14} platform admin")
+        for username, staff_role in STAFF.items():
+            self.stdout.write(f"  {username:<6} {logins[username]:<14} {staff_role.lower()} (staff)")
         for username, (slug, role) in USERS.items():
             self.stdout.write(f"  {username:<6} {logins[username]:<14} {role} of {slug}")
 

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0003_job_holds_gpus_index'),
+        ('jobs', '0004_staff_role_groups'),
     ]
 
     operations = [

@@ -9,8 +9,8 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('clusters', '0006_job_identity'),
-        ('tenants', '0003_tenant_slug_not_reserved'),
+        ('clusters', '0007_job_identity'),
+        ('tenants', '0004_staff_permissions'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('clusters', '0005_metrics_url'),
+        ('clusters', '0006_encrypt_cluster_secrets'),
     ]
 
     operations = [
