@@ -19,7 +19,7 @@ class Migration(migrations.Migration):
             name='Profile',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('cluster_username', models.CharField(blank=True, help_text="The researcher's POSIX user name on the clusters (jobs run as it where a cluster says so)", max_length=32, validators=[django.core.validators.RegexValidator('^[a-z_][a-z0-9_-]{0,31}$', "Use a POSIX user name: up to 32 lowercase letters, digits, '_' and '-', not starting with a digit.")])),
+                ('cluster_username', models.CharField(blank=True, help_text="The researcher's POSIX user name on the clusters whose jobs run as their submitter", max_length=32, validators=[django.core.validators.RegexValidator('^[a-z_][a-z0-9_-]{0,31}$', "Use a POSIX user name: up to 32 lowercase letters, digits, '_' and '-', not starting with a digit.")])),
                 ('user', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='profile', to=settings.AUTH_USER_MODEL)),
             ],
         ),
