@@ -275,6 +275,8 @@ def jobs_sweep() -> int:
     )
     for job_id in resend:
         _send_now("jobs.tasks.dispatch_job", job_id=job_id)
+    for cluster_id in cooling:
+        jobs_hold_for_cluster(cluster_id=cluster_id)  # they say why they wait
     waiting = Job.objects.filter(state=JobState.QUEUED, holds_gpus=False).values_list(
         "partition_id", flat=True
     )
