@@ -155,6 +155,10 @@ class SlurmBackend:
                 argv, script, directory = self._sbatch_request(spec)
                 parts[spec.token] = (index, batch_job_lines(spec.token, argv, script))
                 directories.add(directory)
+            except BackendUnavailable:
+                # No connection (the home directory is asked over SSH): nothing can run, and
+                # asking again for each further job would cost a connect timeout per job.
+                raise
             except BackendError as exc:
                 results[index] = exc
         if not parts:
