@@ -128,11 +128,12 @@ def spawn_worker(
     """A real Celery worker on `redis_url`, sharing the test database, still booting; its log
     is the test's to read (task receipts, retries and failures show there). `env`: settings of
     the worker's own (environment variables)."""
-    env = os.environ | (env or {}) | {
+    fixed = {
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "DATABASE_URL": database_url_of_test_db(),
         "REDIS_URL": redis_url,
     }
+    env = os.environ | (env or {}) | fixed
     with open(log_path, "w") as log:
         return subprocess.Popen(
             [str(VENV_BIN / "celery"), "-A", "portal", "worker", "--pool", pool, "--concurrency", str(concurrency),
