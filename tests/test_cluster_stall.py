@@ -33,7 +33,7 @@ from tenants.models import QuotaGrant
 from tests.conftest import stop
 from tests.faults_support import SilentPeer, start_worker, wait_until
 
-PERIOD_S = 5  # the poll period of this test's beat (JOB_POLL_INTERVAL_S)
+PERIOD_S = 10  # the poll period of this test's beat: JOB_POLL_INTERVAL_S's default
 SWEEP_S = 60  # beat's sweep period (CELERY_BEAT_SCHEDULE)
 COOLOFF_S = 5  # the breaker's first cool-off, in the worker
 WORKERS = 3
