@@ -3,9 +3,16 @@
 from django.conf import settings
 from django.utils import timezone
 
+from clusters import breaker
 from clusters.backends import backend_for
 from clusters.backends.base import Backend, BackendUnavailable, ClusterConfig
+from clusters.breaker import ClusterUnavailable
 from clusters.models import Cluster, Partition
+from clusters.signals import cluster_recovered
+
+# How long the half-open probe's lock is held at most: a health() is one SSH connect and one
+# short command, each bounded by the backend's timeouts.
+PROBE_HOLD_S = 60
 
 
 def cluster_config(cluster: Cluster) -> ClusterConfig:
@@ -39,15 +46,51 @@ def backend_of(cluster: Cluster) -> Backend:
 
 
 def cluster_mark_health(*, cluster: Cluster, healthy: bool, detail: str) -> None:
-    """Record what the last contact with the cluster showed."""
+    """Record what the last contact with the cluster showed; the circuit breaker counts it."""
     Cluster.objects.filter(pk=cluster.pk).update(
         healthy=healthy, health_detail=detail[:500], health_checked_at=timezone.now()
     )
     cluster.healthy, cluster.health_detail = healthy, detail[:500]
+    if healthy:
+        cluster_answered(cluster=cluster)
+    else:
+        breaker.breaker_failure(cluster_id=cluster.pk, detail=detail)
+
+
+def cluster_answered(*, cluster: Cluster, known: breaker.BreakerState | None = None) -> None:
+    """The cluster answered (a dispatch or a poll went through): its breaker closes, and when it
+    was open, the jobs that waited for it are told (clusters.signals.cluster_recovered)."""
+    if breaker.breaker_success(cluster_id=cluster.pk, known=known):
+        cluster_recovered.send(sender=Cluster, cluster_id=cluster.pk)
+
+
+def cluster_available(*, cluster: Cluster) -> bool:
+    """Whether calls may go to the cluster now: its breaker is closed, or its cool-off is over
+    and this caller's probe (the backend's health(), bounded by its connect and command
+    timeouts) found it answering. False at once while it cools off or another caller probes."""
+    state = breaker.breaker_state(cluster_id=cluster.pk)
+    if not state.open:
+        return True
+    if state.cooling or not breaker.breaker_probe_claim(cluster_id=cluster.pk, hold_s=PROBE_HOLD_S):
+        return False
+    try:
+        health = backend_of(cluster).health()
+        cluster_mark_health(cluster=cluster, healthy=health.healthy, detail=health.detail)
+    finally:
+        breaker.breaker_probe_release(cluster_id=cluster.pk)
+    return health.healthy
+
+
+def cluster_check_available(*, cluster: Cluster) -> None:
+    """cluster_available, or ClusterUnavailable (a BackendUnavailable: callers wait and retry)."""
+    if not cluster_available(cluster=cluster):
+        raise ClusterUnavailable(f"{cluster.slug} is not answering; its circuit breaker is open")
 
 
 def cluster_sync(*, cluster: Cluster) -> bool:
     """Ask the cluster how it is and what is free; record both. Returns whether it is healthy."""
+    if not cluster_available(cluster=cluster):  # cooling off: not asked; it stays as last marked
+        return False
     backend = backend_of(cluster)
     health = backend.health()
     cluster_mark_health(cluster=cluster, healthy=health.healthy, detail=health.detail)

@@ -6,7 +6,9 @@ class JobsConfig(AppConfig):
     verbose_name = "Jobs"
 
     def ready(self) -> None:
+        from clusters.signals import cluster_recovered
         from jobs.services.common import _send
+        from jobs.services.stall import jobs_dispatch_resume
         from tenants.signals import tenant_limits_changed
 
         def follow_limits(sender, tenant_id: int, **kwargs) -> None:
@@ -15,3 +17,8 @@ class JobsConfig(AppConfig):
             _send("jobs.tasks.apply_tenant", tenant_id=tenant_id)
 
         tenant_limits_changed.connect(follow_limits, weak=False, dispatch_uid="jobs.follow_limits")
+
+        def resume_dispatch(sender, cluster_id: int, **kwargs) -> None:
+            jobs_dispatch_resume(cluster_id=cluster_id)
+
+        cluster_recovered.connect(resume_dispatch, weak=False, dispatch_uid="jobs.resume_dispatch")

@@ -11,6 +11,7 @@ from clusters.models import Cluster
 from jobs import services
 from jobs.models import Job
 from jobs.services.dispatch import jobs_dispatch
+from jobs.services.follow import POLL_TIME_LIMIT_S
 from jobs.services.submit import jobs_admit_marked
 from jobs.states import ACTIVE_IN_SCHEDULER
 from tenants.models import Tenant
@@ -32,7 +33,9 @@ RETRY = {
 )
 def dispatch_job(*, job_id: int) -> int:
     """QUEUED → SUBMITTING → PENDING, for the job and, in the same batch, others of its cluster
-    that wait (services.jobs_dispatch); the leases and find(token) make a second run harmless."""
+    that wait (services.jobs_dispatch); the leases and find(token) make a second run harmless.
+    A cluster whose breaker is open leaves the job QUEUED (cluster_unavailable); one whose
+    worker slots are taken retries the message (ClusterBusy, a BackendUnavailable)."""
     return jobs_dispatch(job_id=job_id, retry=dispatch_job.request.retries > 0)
 
 
@@ -56,7 +59,7 @@ def cancel_job(*, job_id: int, backend_id: str = "") -> None:
     services.job_cancel_in_scheduler(job_id=job_id, backend_id=backend_id)
 
 
-@shared_task(acks_late=True, soft_time_limit=60, time_limit=90)
+@shared_task(acks_late=True, soft_time_limit=POLL_TIME_LIMIT_S - 30, time_limit=POLL_TIME_LIMIT_S)
 def poll_cluster(*, cluster_id: int) -> int:
     """One poll of one cluster; an unreachable cluster is marked unhealthy and its jobs wait."""
     return services.jobs_poll(cluster_id=cluster_id)

@@ -210,6 +210,17 @@ LOCAL_CLUSTER_GPUS = env_int("LOCAL_CLUSTER_GPUS", 4, minimum=0, maximum=64)
 LOCAL_NVIDIA_SMI = env_str("LOCAL_NVIDIA_SMI", "nvidia-smi")
 JOB_LOG_MAX_BYTES = env_int("JOB_LOG_MAX_BYTES", 1_000_000, minimum=1000)
 
+# --- One slow cluster stalls no other (clusters/breaker.py, docs/architecture-notes/cluster-stall.md):
+# after this many consecutive failures to reach a cluster, dispatch and poll skip it for a
+# cool-off that doubles with each failed probe up to the cap; and at most this many dispatches
+# and polls of one cluster hold a worker at once.
+CLUSTER_BREAKER_FAILURES = env_int("CLUSTER_BREAKER_FAILURES", 3, minimum=1)
+CLUSTER_BREAKER_COOLOFF_S = env_int("CLUSTER_BREAKER_COOLOFF_S", 30, minimum=1)
+CLUSTER_BREAKER_COOLOFF_MAX_S = env_int(
+    "CLUSTER_BREAKER_COOLOFF_MAX_S", 300, minimum=CLUSTER_BREAKER_COOLOFF_S
+)
+CLUSTER_WORKER_SLOTS = env_int("CLUSTER_WORKER_SLOTS", 2, minimum=1)
+
 # --- Cleanup (docs/periodic-tasks.md): each is a service with a beat task that audits what it
 # does; with CLEANUP_DRY_RUN every one of them reports what it would do and changes nothing.
 CLEANUP_DRY_RUN = env_bool("CLEANUP_DRY_RUN", False)

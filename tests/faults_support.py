@@ -3,7 +3,9 @@ testbed, jobs submitted through the service, real Celery workers that a test may
 Slurm's own count of jobs per portal token: the figure every fault is judged by."""
 
 import os
+import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -123,15 +125,17 @@ def wait_until(check, *, timeout_s: float, interval_s: float = 0.2, what: str = 
 
 
 def spawn_worker(
-    log_path: Path, *, redis_url: str, pool: str = "solo", concurrency: int = 1
+    log_path: Path, *, redis_url: str, pool: str = "solo", concurrency: int = 1, env: dict | None = None
 ) -> subprocess.Popen:
     """A real Celery worker on `redis_url`, sharing the test database, still booting; its log
-    is the test's to read (task receipts, retries and failures show there)."""
-    env = os.environ | {
+    is the test's to read (task receipts, retries and failures show there). `env`: settings of
+    the worker's own (environment variables)."""
+    fixed = {
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "DATABASE_URL": database_url_of_test_db(),
         "REDIS_URL": redis_url,
     }
+    env = os.environ | (env or {}) | fixed
     with open(log_path, "w") as log:
         return subprocess.Popen(
             [str(VENV_BIN / "celery"), "-A", "portal", "worker", "--pool", pool, "--concurrency", str(concurrency),
@@ -148,10 +152,16 @@ def worker_ready(proc: subprocess.Popen, log_path: Path) -> bool:
 
 
 def start_worker(
-    log_path: Path, *, redis_url: str, pool: str = "solo", concurrency: int = 1, ready_timeout_s: float = 60
+    log_path: Path,
+    *,
+    redis_url: str,
+    pool: str = "solo",
+    concurrency: int = 1,
+    ready_timeout_s: float = 60,
+    env: dict | None = None,
 ) -> subprocess.Popen:
     """spawn_worker, and wait until the worker logged that it is ready."""
-    proc = spawn_worker(log_path, redis_url=redis_url, pool=pool, concurrency=concurrency)
+    proc = spawn_worker(log_path, redis_url=redis_url, pool=pool, concurrency=concurrency, env=env)
     try:
         wait_until(
             lambda: worker_ready(proc, log_path), timeout_s=ready_timeout_s, interval_s=0.05, what="worker"
@@ -178,3 +188,69 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class SilentPeer:
+    """A loopback TCP server that accepts and never writes: the SSH banner never comes. It keeps
+    each connection open and reads it until the client gives up, so that it can tell how long
+    each client waited and how many waited at once."""
+
+    def __init__(self, *, banner: bytes = b""):
+        self.banner = banner  # with one, it says that much and no more (the key exchange never comes)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.port = self.listener.getsockname()[1]
+        self.lock = threading.Lock()
+        self.spans: list[list[float]] = []  # [accepted, closed by the client (or inf)]
+        self.running = True
+        self.threads = [threading.Thread(target=self._serve, daemon=True)]
+        self.threads[0].start()
+
+    def _serve(self) -> None:
+        while self.running:
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            span = [time.monotonic(), float("inf")]
+            with self.lock:
+                self.spans.append(span)
+            thread = threading.Thread(target=self._hold, args=(conn, span), daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+    def _hold(self, conn: socket.socket, span: list[float]) -> None:
+        conn.settimeout(0.2)
+        with conn:
+            if self.banner:
+                conn.sendall(self.banner)
+            while self.running:
+                try:
+                    if not conn.recv(4096):  # the client closed: its wait is over
+                        break
+                except TimeoutError:
+                    continue
+                except OSError:
+                    break
+        span[1] = time.monotonic()
+
+    def waits_s(self) -> list[float]:
+        """How long each client that gave up had waited."""
+        with self.lock:
+            return [closed - accepted for accepted, closed in self.spans if closed != float("inf")]
+
+    def most_at_once(self) -> int:
+        """The most connections open at the same time."""
+        with self.lock:
+            edges = sorted([(a, 1) for a, _ in self.spans] + [(c, -1) for _, c in self.spans])
+        most = now = 0
+        for _, step in edges:
+            now += step
+            most = max(most, now)
+        return most
+
+    def close(self) -> None:
+        self.running = False
+        for thread in self.threads:
+            thread.join(timeout=5)
+        self.listener.close()

@@ -15,11 +15,13 @@ from clusters.backends.base import (
     JobSpec,
     JobStatus,
 )
+from clusters.breaker import ClusterBusy, breakers_cooling, cluster_slot
 from clusters.models import Cluster
-from clusters.services import backend_of, cluster_mark_health
+from clusters.services import backend_of, cluster_answered, cluster_available, cluster_mark_health
 from jobs.models import Job, JobEvent, JobState
 from jobs.services.common import _send_now
 from jobs.services.follow import job_finish, moved_event
+from jobs.services.stall import jobs_hold_for_cluster
 from jobs.services.submit import job_held_back, job_unadmit_if_held, jobs_admit
 from tenants.models import QuotaGrant
 
@@ -85,10 +87,25 @@ def jobs_dispatch(*, job_id: int, retry: bool = False, batch: int = DISPATCH_BAT
     cluster = Cluster.objects.filter(jobs=job_id).first()
     if cluster is None:
         return 0
+    # --- Cluster stall guard (clusters/breaker.py, docs/architecture-notes/cluster-stall.md): a
+    # cluster whose breaker is open holds its jobs at once, in the database; one whose worker
+    # slots are all taken sends the message back for later (ClusterBusy is retried), so that a
+    # cluster that hangs holds CLUSTER_WORKER_SLOTS workers at most.
+    if not cluster_available(cluster=cluster):
+        jobs_hold_for_cluster(cluster_id=cluster.pk)
+        return 0
+    with cluster_slot(cluster_id=cluster.pk, hold_s=settings.JOB_DISPATCH_TIME_LIMIT_S) as slot:
+        if not slot:
+            raise ClusterBusy(f"{cluster.slug}: its {settings.CLUSTER_WORKER_SLOTS} worker slots are taken")
+        return _dispatch_batch(job_id, cluster=cluster, batch=batch)
+
+
+def _dispatch_batch(job_id: int, *, cluster: Cluster, batch: int) -> int:
     backend = backend_of(cluster)
     jobs = _claim_batch(job_id, cluster_id=cluster.pk, limit=batch if hasattr(backend, "submit_many") else 1)
     if jobs:
         _dispatch(backend, jobs)
+        cluster_answered(cluster=cluster)  # raised otherwise: an answer closes its breaker
     return len(jobs)
 
 
@@ -261,25 +278,29 @@ def jobs_sweep() -> int:
     The database is the source of truth, not the queue. Returns how many were re-sent."""
     now = timezone.now()
     stale = Q(dispatch_lease_until__isnull=True) | Q(dispatch_lease_until__lt=now)
+    # Clusters whose breaker is open and cooling off are left alone: their jobs wait, and go
+    # when it closes (jobs_dispatch_resume) or at the first sweep after its cool-off.
+    cooling = breakers_cooling(cluster_ids=set(Cluster.objects.values_list("pk", flat=True)))
     resend = list(
         Job.objects.filter(stale)
         .filter(Q(state=JobState.QUEUED, holds_gpus=True) | Q(state=JobState.SUBMITTING))
+        .exclude(cluster_id__in=cooling)
         .values_list("pk", flat=True)
     )
     for job_id in resend:
         _send_now("jobs.tasks.dispatch_job", job_id=job_id)
+    for cluster_id in cooling:
+        jobs_hold_for_cluster(cluster_id=cluster_id)  # they say why they wait
     waiting = Job.objects.filter(state=JobState.QUEUED, holds_gpus=False).values_list(
         "partition_id", flat=True
     )
     for partition_id in set(waiting):
         jobs_admit(partition_id=partition_id)
-    cancelling = Job.objects.filter(stale, state=JobState.CANCELLING, backend_id="")
-    for job in cancelling.select_related("cluster", "tenant"):
+    cancelling = Job.objects.filter(state=JobState.CANCELLING).exclude(cluster_id__in=cooling)
+    for job in cancelling.filter(stale, backend_id="").select_related("cluster", "tenant"):
         _cancel_unsubmitted(job)
     # A cancel whose message was lost: ask again (scancel of an ended job is a no-op).
-    for job_id in (
-        Job.objects.filter(state=JobState.CANCELLING).exclude(backend_id="").values_list("pk", flat=True)
-    ):
+    for job_id in cancelling.exclude(backend_id="").values_list("pk", flat=True):
         _send_now("jobs.tasks.cancel_job", job_id=job_id)
     return len(resend)
 

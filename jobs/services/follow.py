@@ -16,8 +16,15 @@ from clusters.backends.base import (
     JobStatus,
     LogTail,
 )
+from clusters.breaker import breaker_state, cluster_slot
 from clusters.models import Cluster, Partition
-from clusters.services import backend_of, cluster_mark_health
+from clusters.services import (
+    backend_of,
+    cluster_answered,
+    cluster_available,
+    cluster_check_available,
+    cluster_mark_health,
+)
 from jobs.models import Job, JobEvent, JobState
 from jobs.services.common import _move, _send, log
 from jobs.services.submit import jobs_admit_soon
@@ -27,6 +34,8 @@ from portal.core.services import audit_record
 from tenants.services import grant_settle
 
 # --- Follow
+
+POLL_TIME_LIMIT_S = 90  # jobs.tasks.poll_cluster's hard limit: the longest a poll holds a slot
 
 
 def moved_event(job: Job, to_state: str, *, reason: str = "", raw_state: str = "") -> JobEvent:
@@ -48,13 +57,22 @@ def jobs_poll(*, cluster_id: int) -> int:
     jobs = {job.backend_id: job for job in active.only(*_FOLLOWED)}
     if not jobs:
         return 0
-    try:
-        statuses = backend_of(cluster).poll(sorted(jobs))
-    except BackendUnavailable as exc:
-        cluster_mark_health(cluster=cluster, healthy=False, detail=str(exc))
+    # A cluster whose breaker is open, or whose worker slots are all taken, is not asked: its
+    # jobs stay as they are until a later poll (clusters/breaker.py).
+    if not cluster_available(cluster=cluster):
         return 0
+    with cluster_slot(cluster_id=cluster.pk, hold_s=POLL_TIME_LIMIT_S) as slot:
+        if not slot:
+            return 0
+        try:
+            statuses = backend_of(cluster).poll(sorted(jobs))
+        except BackendUnavailable as exc:
+            cluster_mark_health(cluster=cluster, healthy=False, detail=str(exc))
+            return 0
     if not cluster.healthy:
         cluster_mark_health(cluster=cluster, healthy=True, detail="answers")
+    else:
+        cluster_answered(cluster=cluster)
     ended = {jobs[bid].pk: status for bid, status in statuses.items() if status.state in END_STATES}
     changed = {
         jobs[bid].pk: status
@@ -241,6 +259,7 @@ def job_cancel_in_scheduler(*, job_id: int, backend_id: str = "") -> None:
     ended while it was being submitted; BackendUnavailable is retried by the task."""
     job = Job.objects.select_related("cluster").get(pk=job_id)
     if backend_id or (job.state == JobState.CANCELLING and job.backend_id):
+        cluster_check_available(cluster=job.cluster)  # an open breaker: retried without a wait on SSH
         backend_of(job.cluster).cancel(backend_id or job.backend_id, user=job.cluster_user)
 
 
@@ -249,6 +268,8 @@ def job_log_tail(*, job: Job, lines: int) -> LogTail:
     if not job.backend_id:
         return LogTail(lines=[], truncated=False)
     ref = JobRef(backend_id=job.backend_id, token=job.token, account=job.tenant.slug, user=job.cluster_user)
+    if breaker_state(cluster_id=job.cluster_id).cooling:  # a request must not wait on a cluster that hangs
+        raise Unavailable(f"The log of job {job.pk} cannot be read from {job.cluster.slug} now.")
     try:
         return backend_of(job.cluster).log_tail(ref, lines=lines, max_bytes=settings.JOB_LOG_MAX_BYTES)
     except BackendError as exc:  # BackendUnavailable included

@@ -151,16 +151,32 @@ def _host_keys(client: paramiko.SSHClient, known_hosts: str) -> None:
 
 
 def _connect(config: ClusterConfig, timeout_s: float) -> paramiko.SSHClient:
+    """A connected, authenticated client, within timeout_s in all. paramiko bounds each step on
+    its own (TCP connect, banner, key exchange, authentication), so a peer that answers each
+    step just in time could hold a worker for four timeouts: a watchdog shuts the socket at the
+    deadline, which ends whichever step is under way."""
     client = paramiko.SSHClient()
     _host_keys(client, config.ssh_known_hosts)
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
     where = f"{config.ssh_user}@{config.ssh_host}:{config.ssh_port}"
+    pkey = private_key(config.ssh_private_key, config.ssh_key_passphrase)
+    started = time.monotonic()
+    try:
+        sock = socket.create_connection((config.ssh_host, config.ssh_port), timeout=timeout_s)
+    except OSError as exc:
+        client.close()
+        raise BackendUnavailable(f"SSH to {where} failed: {exc or type(exc).__name__}") from None
+    fired = threading.Event()
+    watchdog = threading.Timer(max(0.0, timeout_s - (time.monotonic() - started)), _shut, (sock, fired))
+    watchdog.daemon = True
+    watchdog.start()
     try:
         client.connect(
             config.ssh_host,
             port=config.ssh_port,
             username=config.ssh_user,
-            pkey=private_key(config.ssh_private_key, config.ssh_key_passphrase),
+            pkey=pkey,
+            sock=sock,
             timeout=timeout_s,
             banner_timeout=timeout_s,
             auth_timeout=timeout_s,
@@ -170,6 +186,7 @@ def _connect(config: ClusterConfig, timeout_s: float) -> paramiko.SSHClient:
         )
     except paramiko.BadHostKeyException as exc:
         client.close()
+        sock.close()
         # Not the job's fault and not to be retried silently either: jobs wait (unavailable) and
         # the cluster's health says why, until an admin checks and updates known_hosts.
         raise BackendUnavailable(
@@ -178,10 +195,17 @@ def _connect(config: ClusterConfig, timeout_s: float) -> paramiko.SSHClient:
         ) from None
     except (paramiko.SSHException, EOFError, OSError) as exc:
         client.close()
-        raise BackendUnavailable(f"SSH to {where} failed: {exc or type(exc).__name__}") from None
+        sock.close()
+        why = exc or type(exc).__name__
+        if fired.is_set():  # the watchdog: the deadline, not the peer, ended the attempt
+            why = f"no SSH session within {timeout_s:g}s"
+        raise BackendUnavailable(f"SSH to {where} failed: {why}") from None
     except BaseException:
         client.close()
+        sock.close()
         raise
+    finally:
+        watchdog.cancel()
     transport = client.get_transport()
     assert transport is not None
     transport.set_keepalive(30)  # notice a silently dropped connection between two uses
@@ -189,6 +213,12 @@ def _connect(config: ClusterConfig, timeout_s: float) -> paramiko.SSHClient:
     with suppress(OSError, AttributeError):
         transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return client
+
+
+def _shut(sock: socket.socket, fired: threading.Event) -> None:
+    fired.set()
+    with suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def _transport(config: ClusterConfig, timeout_s: float) -> tuple[_Pooled, paramiko.Transport]:
