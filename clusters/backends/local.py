@@ -489,6 +489,7 @@ class LocalBackend:
         except (OSError, BackendError) as exc:
             _finish(meta, base.FAILED, "LAUNCH_FAILED", f"could not prepare the job: {exc}")
             return None
+        _write_json(meta / "env.json", launch["env"])  # the job's environment, as it got it
         _write_json(meta / "launch.json", launch)
         paths = [meta / "launch.json", job_dir / f"{token}.out", meta / "status"]
         try:
