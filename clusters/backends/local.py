@@ -233,10 +233,11 @@ class LocalBackend:
             raise BackendError("the local cluster serves one tenant only, and not this one")
         if "accounts" not in state:  # a state from before accounts were kept: read the records
             state["accounts"] = local_cleanup.accounts_with_jobs(self._root / "jobs")
-        if not tenant and not (sandbox := self.sandbox).ok and set(state["accounts"]) - {account}:
+        if not tenant and not self.sandbox.ok and set(state["accounts"]) - {account}:
+            # The reason (it names paths) is for the admin console; the tenant learns the rule only.
             raise BackendError(
-                f"the local cluster has no job sandbox ({sandbox.detail}), so it serves one tenant "
-                "only, and another tenant's jobs are kept here (LOCAL_CLUSTER_TENANT names the one)"
+                "the local cluster has no job sandbox, so it serves one tenant only, and another "
+                "tenant's jobs are kept here (LOCAL_CLUSTER_TENANT names the one)"
             )
 
     def find(self, token: str) -> str | None:
