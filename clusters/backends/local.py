@@ -190,6 +190,7 @@ class LocalBackend:
                     f"invalid environment variable {name!r}: a bad name, or a NUL in its value"
                 )
         _reap()
+        self.sandbox  # noqa: B018 - probed (once per process) before the lock, not while holding it
         with self._locked() as state:
             if (found := self.find(spec.token)) is not None:
                 return found
