@@ -12,11 +12,13 @@ process from outside. The backend is configured exactly as the portal configures
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -233,3 +235,41 @@ def test_a_job_that_ignores_sigterm_is_killed_with_its_whole_sandbox(backend):
 
     assert backend.poll([backend_id])[backend_id].state == "CANCELLED"
     wait_until_gone(proc["pgid"], include_zombies=False)  # bwrap, its init, bash and sleep
+
+
+def test_a_site_path_shown_read_only_never_shows_the_portals_state_or_other_tenants_scratch():
+    """LOCAL_SANDBOX_RO_PATHS showing a tree that also holds the scratch root and the cluster's
+    state: the job reads the tree, writes nothing there, and sees neither of those."""
+    site = Path(tempfile.mkdtemp(prefix="portal-site-", dir="/var/tmp"))  # bwrap must traverse it
+    try:
+        site.chmod(0o755)
+        (site / "dataset.txt").write_text("shared data\n")
+        slug = f"site-{secrets.token_hex(4)}"
+        config = cluster_config(Cluster(slug=slug, name=slug, kind="local", local_gpus=2))
+        config = dataclasses.replace(
+            config,
+            state_dir=str(site / "state"),
+            scratch_root=str(site / "scratch"),
+            local_sandbox_ro_paths=(str(site),),
+        )
+        backend = LocalBackend(config, grace_s=1)
+        other = site / "scratch" / B / "results.txt"
+        other.parent.mkdir(parents=True)
+        other.write_text("tenant B's results\n")
+        script = (
+            f"cat {site}/dataset.txt\n"
+            f"cat {other} 2>&1; ls {site}/scratch {site}/state 2>&1\n"
+            f"echo changed > {site}/dataset.txt 2>&1 || echo write-failed\n"
+            "echo DONE\n"
+        )
+        backend_id = backend.submit(spec("reader", A, script))
+        status = wait_end(backend, backend_id)
+        log = log_of(backend, backend_id, "reader", A)
+
+        assert status.state == COMPLETED and log.endswith("DONE"), log
+        assert "shared data" in log and "write-failed" in log
+        assert "tenant B's results" not in log
+        assert "alloc.json" not in log and "\nids\n" not in log  # the state directory's entries
+        assert (site / "dataset.txt").read_text() == "shared data\n"
+    finally:
+        shutil.rmtree(site, ignore_errors=True)

@@ -165,7 +165,12 @@ class LocalBackend:
             uid_base=config.local_sandbox_uid_base,
             uid_count=config.local_sandbox_uid_count,
             ro_paths=tuple(config.local_sandbox_ro_paths),
-            hidden=tuple(config.local_sandbox_hidden),
+            # Masked wherever a mount would show them: the portal's tree and VAR_DIR (the config
+            # names them), this cluster's state, and every tenant's scratch under a site root.
+            hidden=(
+                *config.local_sandbox_hidden,
+                *[path for path in (config.state_dir, config.scratch_root) if path.startswith("/")],
+            ),
         )
 
     @property
