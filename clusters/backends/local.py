@@ -344,12 +344,8 @@ class LocalBackend:
         )
 
     def sandbox_summary(self) -> str:
-        """One line on how jobs are isolated here, for the health detail and /readyz."""
-        sandbox = self.sandbox
-        if sandbox.ok:
-            one = f"; serves tenant {self.config.local_tenant} only" if self.config.local_tenant else ""
-            return f"jobs run in a {sandbox.detail}{one}"
-        return f"NO SANDBOX, serves one tenant only: {sandbox.detail}"
+        """One line on how jobs are isolated here, for the health detail and the admin console."""
+        return local_sandbox.summary(self.sandbox, self.config.local_tenant)
 
     # -- cleanup (local_cleanup.py) -------------------------------------------------------------
 

@@ -90,6 +90,13 @@ class Probe:
     detail: str
 
 
+def summary(probe: Probe, tenant: str) -> str:
+    """How jobs are isolated, in one line; without a sandbox, that the cluster serves one tenant."""
+    if probe.ok:
+        return f"jobs run in a {probe.detail}" + (f"; serves tenant {tenant} only" if tenant else "")
+    return f"NO SANDBOX, serves one tenant only: {probe.detail}"
+
+
 def drops_privileges() -> bool:
     """Whether jobs run as a uid of their tenant: only root can switch to one."""
     return os.geteuid() == 0
@@ -101,7 +108,7 @@ def tenant_uid(uids: dict[str, int], account: str, config: SandboxConfig) -> int
     if account in uids:
         return uids[account]
     taken = set(uids.values())
-    for uid in range(config.uid_base, config.uid_base + config.uid_count):
+    for uid in range(config.uid_base, min(config.uid_base + config.uid_count, 2**32 - 1)):  # -1: no uid
         if uid not in taken:
             uids[account] = uid
             return uid
