@@ -273,3 +273,22 @@ def test_a_site_path_shown_read_only_never_shows_the_portals_state_or_other_tena
         assert (site / "dataset.txt").read_text() == "shared data\n"
     finally:
         shutil.rmtree(site, ignore_errors=True)
+
+
+def test_the_issues_attack_through_the_api_prints_no_signing_key(
+    celery_worker, client_for, member, local_partition, grant
+):
+    """The attack as reported: a job printed the signing key through the log API."""
+    from tests.jobs_support import api_submit, follow
+
+    client = client_for(member)
+    key = (settings.VAR_DIR / "secret_key").read_text().strip()
+    script = "#!/bin/bash\necho MARK-1\ncat ../../../../secret_key\ntr '\\0' '\\n' < /proc/1/environ\necho MARK-2\n"
+    job = api_submit(client, script=script)
+    done = follow(client, job["id"], local_partition.cluster_id, {"COMPLETED", "FAILED"})
+    lines = client.get(f"/api/v1/jobs/{job['id']}/log/?tail=50").json()["lines"]
+
+    assert done["state"] == "COMPLETED"  # cat's failure is not the script's last word
+    assert lines[0] == "MARK-1" and lines[-1] == "MARK-2", lines
+    assert not any(key in line or settings.SECRET_KEY in line for line in lines)
+    assert not any("DATABASE_URL" in line or "REDIS_URL" in line for line in lines)
