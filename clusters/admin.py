@@ -4,8 +4,8 @@ from django.template.loader import render_to_string
 from django.utils.translation import gettext_lazy as _
 
 from clusters.backends.base import BackendError
-from clusters.models import Cluster, GpuModel, Partition, Scenario, ScenarioGpu
-from clusters.services import cluster_mark_health, cluster_sync
+from clusters.models import Cluster, ClusterKind, GpuModel, Partition, Scenario, ScenarioGpu
+from clusters.services import backend_of, cluster_mark_health, cluster_sync
 
 
 def health_badge(cluster: Cluster) -> str:
@@ -107,7 +107,7 @@ class ClusterAdmin(admin.ModelAdmin):
     list_display = ["slug", "name", "kind", "enabled", "health", "health_detail", "health_checked_at"]
     list_filter = ["kind", "enabled", "healthy"]
     search_fields = ["slug", "name"]
-    readonly_fields = ["health", "health_detail", "health_checked_at"]
+    readonly_fields = ["health", "health_detail", "health_checked_at", "job_sandbox"]
     actions = ["check_health"]
     fieldsets = [
         (None, {"fields": ["slug", "name", "kind", "enabled"]}),
@@ -125,6 +125,8 @@ class ClusterAdmin(admin.ModelAdmin):
                     "ssh_key_passphrase_clear",
                     "slurm_cluster_name",
                     "scratch_root",
+                    "job_identity",
+                    "tenant_identity_template",
                 ]
             },
         ),
@@ -142,7 +144,7 @@ class ClusterAdmin(admin.ModelAdmin):
                 ]
             },
         ),
-        ("Local", {"fields": ["local_gpus"]}),
+        ("Local", {"fields": ["local_gpus", "job_sandbox"]}),
         ("GPU telemetry", {"fields": ["metrics_url"]}),
         ("Health", {"fields": ["health", "health_detail", "health_checked_at"]}),
     ]
@@ -192,6 +194,14 @@ class ClusterAdmin(admin.ModelAdmin):
     @admin.display(description=_("Kubeconfig"))
     def kubeconfig_state(self, obj: Cluster | None) -> str:
         return self._secret_state(obj, "kubeconfig")
+
+    @admin.display(description=_("Job sandbox"))
+    def job_sandbox(self, obj: Cluster) -> str:
+        """How this machine isolates local jobs, asked now (once per process): the sandbox, or
+        why there is none and that the cluster therefore serves one tenant only."""
+        if obj.pk is None or obj.kind != ClusterKind.LOCAL:
+            return "—"
+        return backend_of(obj).sandbox_summary()
 
     @admin.action(description=_("Check health now"), permissions=["change"])
     def check_health(self, request, queryset) -> None:

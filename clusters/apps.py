@@ -9,6 +9,10 @@ class ClustersConfig(AppConfig):
     def ready(self) -> None:
         from clusters.models import Cluster, GpuModel, Partition, Scenario
         from clusters.selectors import catalog_names_forget
+        from clusters.services import local_sandbox_warnings
+        from portal.core.readiness import readiness_warning_register
+
+        readiness_warning_register(local_sandbox_warnings)
 
         def forget_names(sender, **kwargs) -> None:
             catalog_names_forget()

@@ -7,7 +7,7 @@ from clusters import breaker
 from clusters.backends import backend_for
 from clusters.backends.base import Backend, BackendUnavailable, ClusterConfig
 from clusters.breaker import ClusterUnavailable
-from clusters.models import Cluster, Partition
+from clusters.models import Cluster, ClusterKind, Partition
 from clusters.signals import cluster_recovered
 
 # How long the half-open probe's lock is held at most: a health() is one SSH connect and one
@@ -38,6 +38,13 @@ def cluster_config(cluster: Cluster) -> ClusterConfig:
         local_gpus=cluster.local_gpus,
         state_dir=str(settings.VAR_DIR / "local-cluster" / cluster.slug),
         nvidia_smi=settings.LOCAL_NVIDIA_SMI,
+        local_sandbox_bwrap=settings.LOCAL_SANDBOX_BWRAP,
+        local_sandbox_network=settings.LOCAL_SANDBOX_NETWORK,
+        local_sandbox_uid_base=settings.LOCAL_SANDBOX_UID_BASE,
+        local_sandbox_uid_count=settings.LOCAL_SANDBOX_UID_COUNT,
+        local_sandbox_ro_paths=tuple(settings.LOCAL_SANDBOX_RO_PATHS),
+        local_sandbox_hidden=(str(settings.BASE_DIR), str(settings.VAR_DIR)),
+        local_tenant=settings.LOCAL_CLUSTER_TENANT,
     )
 
 
@@ -105,3 +112,16 @@ def cluster_sync(*, cluster: Cluster) -> bool:
         info = partitions.get(partition.name)
         Partition.objects.filter(pk=partition.pk).update(gpus_free=info.gpus_free if info else None)
     return True
+
+
+def local_sandbox_warnings() -> list[str]:
+    """/readyz's warning for each enabled local cluster that runs jobs without a sandbox (and so
+    serves one tenant only). The reason, which names paths, is for the admin console only."""
+    lines = []
+    for cluster in Cluster.objects.filter(kind=ClusterKind.LOCAL, enabled=True).order_by("slug"):
+        if not backend_of(cluster).sandbox.ok:
+            lines.append(
+                f"local cluster {cluster.slug}: no job sandbox, so it serves one tenant only "
+                "(its page in the admin console says why)"
+            )
+    return lines

@@ -208,6 +208,16 @@ FAIR_SHARE_HALF_LIFE_DAYS = env_int("FAIR_SHARE_HALF_LIFE_DAYS", 7, minimum=1)
 LOCAL_CLUSTER_GPUS = env_int("LOCAL_CLUSTER_GPUS", 4, minimum=0, maximum=64)
 # The local cluster reads its GPUs' utilization (idle GPUs) with this nvidia-smi.
 LOCAL_NVIDIA_SMI = env_str("LOCAL_NVIDIA_SMI", "nvidia-smi")
+# The local cluster's job sandbox (docs/architecture-notes/local-sandbox.md): bubblewrap, the
+# host's network or none, the uids of tenants when the portal runs as root, more read-only
+# paths. Where no sandbox can be made the cluster serves one tenant only: LOCAL_CLUSTER_TENANT
+# names it (it also restricts a sandboxed cluster to that tenant).
+LOCAL_SANDBOX_BWRAP = env_str("LOCAL_SANDBOX_BWRAP", "/usr/bin/bwrap")
+LOCAL_SANDBOX_NETWORK = env_bool("LOCAL_SANDBOX_NETWORK", False)
+LOCAL_SANDBOX_UID_BASE = env_int("LOCAL_SANDBOX_UID_BASE", 1_900_000_000, minimum=1000, maximum=4_000_000_000)
+LOCAL_SANDBOX_UID_COUNT = env_int("LOCAL_SANDBOX_UID_COUNT", 100_000, minimum=1, maximum=10_000_000)
+LOCAL_SANDBOX_RO_PATHS = env_list("LOCAL_SANDBOX_RO_PATHS", [])
+LOCAL_CLUSTER_TENANT = env_str("LOCAL_CLUSTER_TENANT", "")
 JOB_LOG_MAX_BYTES = env_int("JOB_LOG_MAX_BYTES", 1_000_000, minimum=1000)
 
 # --- One slow cluster stalls no other (clusters/breaker.py, docs/architecture-notes/cluster-stall.md):

@@ -152,7 +152,9 @@ def backend(tmp_path):
 def test_list_jobs_gives_running_and_waiting_jobs_of_the_accounts(backend, tmp_path):
     done = backend.submit(job_spec("done", "true\n"))
     wait_for_state(backend, done, END_STATES)
-    running = backend.submit(job_spec("running", 'echo "$PORTAL_SCRATCH"; sleep 60\n'))
+    running = backend.submit(
+        job_spec("running", 'touch "$PORTAL_SCRATCH/mark"; echo "$PORTAL_SCRATCH"; sleep 60\n')
+    )
     other = backend.submit(job_spec("other", "sleep 60\n", account="team-b"))
     waiting = backend.submit(job_spec("waiting", "sleep 60\n"))  # both GPUs are taken
     wait_for_state(backend, running, {RUNNING})
@@ -170,8 +172,8 @@ def test_list_jobs_gives_running_and_waiting_jobs_of_the_accounts(backend, tmp_p
     deadline = time.monotonic() + 10
     while not backend.log_tail(ref, lines=1, max_bytes=1000).lines and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert backend.log_tail(ref, lines=1, max_bytes=1000).lines == [str(scratch)]
-    assert scratch.is_dir()
+    assert backend.log_tail(ref, lines=1, max_bytes=1000).lines == ["/scratch"]  # as the sandbox shows it
+    assert (scratch / "mark").is_file()
 
 
 # ------------------------------------------------------------- purge_scratch --

@@ -168,7 +168,7 @@ def test_a_job_runs_on_its_own_gpus_and_completes(tmp_path):
     assert status.started_at.tzinfo is not None and status.finished_at.tzinfo is not None
     assert status.started_at <= status.finished_at
     tail = backend.log_tail(JobRef(backend_id, "tok-1", "team-a"), lines=10, max_bytes=4096)
-    assert tail.lines == ["gpus=0,1", f"cwd={tmp_path / 'jobs' / 'tok-1'}"]
+    assert tail.lines == ["gpus=0,1", "cwd=/job"]  # its directory, as the sandbox shows it
     assert backend.find("tok-1") == backend_id
     assert backend.find("tok-2") is None
     assert backend.submit(spec) == backend_id  # a retried dispatch finds the first submission

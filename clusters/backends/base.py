@@ -61,6 +61,15 @@ class ClusterConfig:
     local_gpus: int = 0
     state_dir: str = ""  # local backend: where it keeps job files and pid records
     nvidia_smi: str = "nvidia-smi"  # local backend: the program (a name on PATH, or a path)
+    # local backend: the job sandbox (local_sandbox.py; settings LOCAL_SANDBOX_*), and the one
+    # tenant it serves when set (LOCAL_CLUSTER_TENANT; "" serves every tenant where a sandbox exists)
+    local_sandbox_bwrap: str = "/usr/bin/bwrap"
+    local_sandbox_network: bool = False
+    local_sandbox_uid_base: int = 1_900_000_000
+    local_sandbox_uid_count: int = 100_000
+    local_sandbox_ro_paths: tuple[str, ...] = ()
+    local_sandbox_hidden: tuple[str, ...] = ()  # the portal's tree and VAR_DIR, masked if mounted
+    local_tenant: str = ""
     # kubernetes backend: the default container image of a job; the ClusterQueue that tenants'
     # LocalQueues feed (Kueue clusters); ttlSecondsAfterFinished of Jobs; count/jobs.batch per tenant
     k8s_image: str = "docker.io/library/python:3.11-slim"

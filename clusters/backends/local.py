@@ -7,9 +7,11 @@ For a single shared GPU server and for the demo. Everything lives under config.s
     jobs/<token>/            the job's cwd: <token>.sh, <token>.out, and .portal/ with our records
     scratch/<account>/       the tenant's jobs' shared scratch, PORTAL_SCRATCH (or <scratch_root>/<account>)
 
-A job is started through a small Python wrapper in its own session and process group. The wrapper
-runs `/bin/bash <token>.sh`, reaps the job's orphans as a subreaper and writes the exit code to
-.portal/status itself, so the code survives the death of the worker that started the job.
+A job is started through a small Python wrapper (local_launch.py) in its own session and process
+group. The wrapper runs `/bin/bash <token>.sh` in a bubblewrap sandbox (local_sandbox.py: the job
+sees its directory as /job, .portal/ hidden), reaps the job's orphans as a subreaper and writes the
+exit code to .portal/status itself, so the code survives the death of the worker that started it.
+Where no sandbox can be made the job runs as the portal's user, and the cluster serves one tenant.
 .portal/proc.json holds the wrapper's pid (= pgid), start time and boot id, so that any process can
 tell the job's group from a later one that reused the pid; .portal/ended_by says why we killed it;
 .portal/end.json is the final record, written once, under the lock, by whoever first sees the end.
@@ -36,61 +38,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from clusters.backends import base, local_cleanup
+from clusters.backends import base, local_cleanup, local_launch, local_sandbox
 from clusters.backends.base import BackendError, ClusterConfig, Health, JobRef, JobSpec, JobStatus, LogTail
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # a directory and file name: no "/", no ".."
 _BACKEND_ID = re.compile(r"^local-[0-9]{1,18}$")
 _SMI_GPU = re.compile(r"^GPU (\d+):.*\(UUID: (GPU-[0-9A-Fa-f-]+)\)$")
-# The worker's own environment holds the portal's secrets (SECRET_KEY, DATABASE_URL…), so a job
-# inherits only these names from it.
-_INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "LD_LIBRARY_PATH")
 _KILL_WAIT_S = 3.0
 _LOCK_TIMEOUT_S = 30.0
 _KILLED_BY = {
     "cancelled": (base.CANCELLED, "CANCELLED", "cancelled"),
     "timeout": (base.TIMEOUT, "TIMEOUT", "walltime reached"),
 }
-
-# Run as `python -I -S -c _WRAPPER script out status env_file`: paths are arguments, the job's
-# environment comes from a file, and nothing here is ever assembled from user text.
-_WRAPPER = r"""
-import ctypes, json, os, signal, sys, time
-script, out, status, env_file = sys.argv[1:5]
-try:  # PR_SET_CHILD_SUBREAPER: the job's orphans come to us, so none is left a zombie elsewhere
-    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
-except Exception:
-    pass
-signal.signal(signal.SIGTERM, lambda *_: None)  # outlive the job to record it; bash gets SIG_DFL
-with open(env_file) as f:
-    env = json.load(f)
-try:
-    pid = os.posix_spawn("/bin/bash", ["/bin/bash", script], env, setsigmask=(),
-        setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
-        file_actions=[(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-                      (os.POSIX_SPAWN_OPEN, 1, out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
-                      (os.POSIX_SPAWN_DUP2, 1, 2)])
-    while (reaped := os.wait())[0] != pid:
-        pass
-    rc = os.waitstatus_to_exitcode(reaped[1])
-    rc = 128 - rc if rc < 0 else rc
-except OSError as exc:
-    print(exc, file=sys.stderr)
-    rc = 127
-with open(status + ".tmp", "w") as f:
-    f.write(f"{rc}\n")
-os.replace(status + ".tmp", status)
-os.killpg(0, signal.SIGTERM)  # like Slurm: the job ends when its script does
-deadline = time.monotonic() + 5
-while time.monotonic() < deadline:
-    try:
-        if os.waitpid(-1, os.WNOHANG)[0] == 0:
-            time.sleep(0.05)
-    except ChildProcessError:
-        sys.exit(0)
-os.killpg(0, signal.SIGKILL)
-"""
 
 # Wrappers this process started, polled so that a long-lived worker keeps no zombies.
 _children: dict[int, subprocess.Popen] = {}
@@ -199,6 +159,24 @@ class LocalBackend:
         self.grace_s = grace_s
         count = config.local_gpus
         self.gpus: list[int] = list(range(count)) if count > 0 else list(_machine_gpus(nvidia_smi))
+        self.sandbox_config = local_sandbox.SandboxConfig(
+            bwrap=config.local_sandbox_bwrap,
+            network=config.local_sandbox_network,
+            uid_base=config.local_sandbox_uid_base,
+            uid_count=config.local_sandbox_uid_count,
+            ro_paths=tuple(config.local_sandbox_ro_paths),
+            # Masked wherever a mount would show them: the portal's tree and VAR_DIR (the config
+            # names them), this cluster's state, and every tenant's scratch under a site root.
+            hidden=(
+                *config.local_sandbox_hidden,
+                *[path for path in (config.state_dir, config.scratch_root) if path.startswith("/")],
+            ),
+        )
+
+    @property
+    def sandbox(self) -> local_sandbox.Probe:
+        """Whether jobs run sandboxed here: probed once per process (local_launch.probe)."""
+        return local_launch.probe(self.sandbox_config)
 
     def submit(self, spec: JobSpec) -> str:
         """Accept the job and return "local-<n>": it starts at once if its GPUs are free, else it
@@ -210,15 +188,18 @@ class LocalBackend:
             raise BackendError(f"the job asks for {spec.gpus} GPUs; the local cluster has {len(self.gpus)}")
         if not _TOKEN.match(spec.token):
             raise BackendError(f"invalid job token {spec.token!r}")
+        local_cleanup.check_account(spec.account)  # it names a directory and, sandboxed as root, a uid
         for name, value in [*spec.env.items(), ("PORTAL_JOB_NAME", spec.name)]:
             if not _ENV_NAME.match(name) or "\0" in value:
                 raise BackendError(
                     f"invalid environment variable {name!r}: a bad name, or a NUL in its value"
                 )
         _reap()
+        self.sandbox  # noqa: B018 - probed (once per process) before the lock, not while holding it
         with self._locked() as state:
             if (found := self.find(spec.token)) is not None:
                 return found
+            self._check_tenant(state, spec.account)
             backend_id = f"local-{state['next_id']}"
             state["next_id"] += 1
             tmp = Path(tempfile.mkdtemp(prefix=".new-", dir=self._root / "jobs"))
@@ -227,6 +208,7 @@ class LocalBackend:
                 (tmp / ".portal").mkdir()
                 record = {"id": backend_id, "token": spec.token, "name": spec.name, "env": dict(spec.env)}
                 record["account"] = spec.account
+                state["accounts"] = sorted({*state["accounts"], spec.account})
                 _write_json(tmp / ".portal" / "job.json", {**record, "submitted_at": time.time()})
                 (self._root / "ids" / backend_id).write_text(spec.token)
                 state["queue"].append(
@@ -247,6 +229,22 @@ class LocalBackend:
                 shutil.rmtree(tmp, ignore_errors=True)
             self._settle(state)
             return backend_id
+
+    def _check_tenant(self, state: dict[str, Any], account: str) -> None:
+        """Under the lock: refuse a job of a tenant this cluster does not serve. With
+        LOCAL_CLUSTER_TENANT set, only that tenant's; without a sandbox, one tenant's only, so
+        that no second tenant's code ever runs beside the portal's files and the first's."""
+        tenant = self.config.local_tenant
+        if tenant and account != tenant:
+            raise BackendError("the local cluster serves one tenant only, and not this one")
+        if "accounts" not in state:  # a state from before accounts were kept: read the records
+            state["accounts"] = local_cleanup.accounts_with_jobs(self._root / "jobs")
+        if not tenant and not self.sandbox.ok and set(state["accounts"]) - {account}:
+            # The reason (it names paths) is for the admin console; the tenant learns the rule only.
+            raise BackendError(
+                "the local cluster has no job sandbox, so it serves one tenant only, and another "
+                "tenant's jobs are kept here (LOCAL_CLUSTER_TENANT names the one)"
+            )
 
     def find(self, token: str, *, account: str = "", user: str = "") -> str | None:
         """The id of the job submitted with this token, if its directory exists."""
@@ -300,8 +298,9 @@ class LocalBackend:
         line cut by that bound is dropped. `truncated`: earlier output exists."""
         if not _TOKEN.match(job.token) or lines <= 0 or max_bytes <= 0:
             return LogTail(lines=[], truncated=False)
-        try:
-            with open(self._job_dir(job.token) / f"{job.token}.out", "rb") as f:
+        try:  # O_NOFOLLOW: a link there, however it came, is never followed by the portal
+            fd = os.open(self._job_dir(job.token) / f"{job.token}.out", os.O_RDONLY | os.O_NOFOLLOW)
+            with open(fd, "rb") as f:
                 size = f.seek(0, os.SEEK_END)
                 start = max(0, size - max_bytes)
                 f.seek(start)
@@ -336,14 +335,21 @@ class LocalBackend:
         return {}
 
     def health(self) -> Health:
-        """Healthy when the state directory is writable; never raises."""
+        """Healthy when the state directory is writable; never raises. The detail says whether
+        jobs run sandboxed, or that the cluster serves one tenant only for want of a sandbox."""
         try:
             root = self._root
             root.mkdir(parents=True, exist_ok=True)
             tempfile.TemporaryFile(dir=root).close()
         except Exception as exc:
             return Health(healthy=False, detail=f"state directory not writable: {exc}")
-        return Health(healthy=True, detail=f"{len(self.gpus)} GPUs; state in {root}")
+        return Health(
+            healthy=True, detail=f"{len(self.gpus)} GPUs; state in {root}; {self.sandbox_summary()}"
+        )
+
+    def sandbox_summary(self) -> str:
+        """One line on how jobs are isolated here, for the health detail and the admin console."""
+        return local_sandbox.summary(self.sandbox, self.config.local_tenant)
 
     # -- cleanup (local_cleanup.py) -------------------------------------------------------------
 
@@ -389,6 +395,8 @@ class LocalBackend:
             ended = local_cleanup.ended_before(self._root / "jobs", set(accounts), cutoff, live)
             for backend_id, token in [] if dry_run else ended:
                 local_cleanup.retire(self._root, backend_id, token)
+            if not dry_run:  # a tenant whose last job directory went no longer holds the cluster
+                state["accounts"] = local_cleanup.accounts_with_jobs(self._root / "jobs")
         if not dry_run:
             local_cleanup.remove_retired(self._root / "jobs")
         return [backend_id for backend_id, _token in ended]
@@ -470,32 +478,40 @@ class LocalBackend:
             elif job["gpus"] > len(free):
                 break
             else:
-                proc = self._start(job["id"], job["token"], free[: job["gpus"]])
+                proc = self._start(job["id"], job["token"], free[: job["gpus"]], state.setdefault("uids", {}))
                 free = free[job["gpus"] :]
             state["queue"].pop(0)
             if proc is not None:
                 state["running"][job["id"]] = {**job, "gpus": proc["gpus"], "started_at": proc["started_at"]}
 
-    def _start(self, backend_id: str, token: str, gpus: list[int]) -> dict[str, Any] | None:
+    def _start(
+        self, backend_id: str, token: str, gpus: list[int], uids: dict[str, int]
+    ) -> dict[str, Any] | None:
+        """Under the lock: start the job's wrapper, in the sandbox where one can be made."""
         job_dir = self._job_dir(token)
         meta = job_dir / ".portal"
         record = _read_json(meta / "job.json")
-        env = {name: os.environ[name] for name in _INHERITED_ENV if name in os.environ}
-        env |= record["env"]
-        env |= {"PORTAL_JOB_ID": backend_id, "PORTAL_JOB_NAME": record["name"], "PORTAL_JOB_TOKEN": token}
-        if local_cleanup.ACCOUNT_RE.fullmatch(record.get("account", "")):  # the tenant's shared scratch
-            scratch = self._scratch_dir(record["account"])
-            with contextlib.suppress(OSError):  # a job without scratch still runs
-                scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
-                env["PORTAL_SCRATCH"] = str(scratch)
-        # nvidia-smi numbers GPUs in PCI bus order, CUDA by default fastest first.
-        env |= {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
-        _write_json(meta / "env.json", env)
-        paths = [job_dir / f"{token}.sh", job_dir / f"{token}.out", meta / "status", meta / "env.json"]
+        try:
+            launch = local_launch.launch(
+                backend_id=backend_id,
+                token=token,
+                record=record,
+                gpus=gpus,
+                job_dir=job_dir,
+                scratch_dir=self._scratch_dir(record["account"]) if record.get("account") else None,
+                sandbox=self.sandbox_config if self.sandbox.ok else None,
+                uids=uids,
+            )
+        except (OSError, BackendError) as exc:
+            _finish(meta, base.FAILED, "LAUNCH_FAILED", f"could not prepare the job: {exc}")
+            return None
+        _write_json(meta / "env.json", launch["env"])  # the job's environment, as it got it
+        _write_json(meta / "launch.json", launch)
+        paths = [meta / "launch.json", job_dir / f"{token}.out", meta / "status"]
         try:
             with open(meta / "wrapper.log", "ab") as log:
                 child = subprocess.Popen(  # noqa: S603 - a constant program, paths as arguments
-                    [sys.executable, "-I", "-S", "-c", _WRAPPER, *map(str, paths)],
+                    [sys.executable, "-I", "-S", "-c", local_launch.WRAPPER, *map(str, paths)],
                     cwd=job_dir,
                     env={"PATH": os.defpath},
                     stdin=subprocess.DEVNULL,

@@ -159,6 +159,17 @@ def ended_before(jobs_dir: Path, accounts: set[str], cutoff: float, live: set[st
     return sorted(found, key=lambda item: int(item[0].rpartition("-")[2]))
 
 
+def accounts_with_jobs(jobs_dir: Path) -> list[str]:
+    """The accounts that have a job directory (running, waiting or ended) under jobs_dir."""
+    if not jobs_dir.is_dir():
+        return []
+    found = set()
+    for job_dir in jobs_dir.iterdir():
+        if not job_dir.name.startswith(".") and (record := _read(job_dir / ".portal" / "job.json")):
+            found.add(record.get("account", ""))
+    return sorted(found)
+
+
 def retire(root: Path, backend_id: str, token: str) -> None:
     """Under the allocation lock: the job's directory out of find()'s sight at once (a rename);
     remove_retired() deletes it after the lock is released."""

@@ -13,6 +13,7 @@ from django.views.decorators.http import require_GET
 from kombu import Connection
 
 from portal.core.errors import problem_response
+from portal.core.readiness import readiness_warnings
 from portal.core.tasks import HEARTBEAT_KEY
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,8 @@ def _heartbeat_age_s() -> float | None:
 @never_cache
 @require_GET
 def readyz(request: HttpRequest) -> JsonResponse:
-    """200 when the database and the broker answer; 503 naming each part that failed."""
+    """200 when the database and the broker answer; 503 naming each part that failed. `warnings`
+    names parts that work but not as they should (a local cluster without a job sandbox)."""
     checks: dict[str, str] = {}
     for name, check in (("database", _check_database), ("broker", _check_broker)):
         try:
@@ -64,6 +66,8 @@ def readyz(request: HttpRequest) -> JsonResponse:
             log.warning("readyz: %s failed: %s", name, exc.__class__.__name__)
             checks[name] = f"failed: {exc.__class__.__name__}"
     extra = {"checks": checks, "worker_heartbeat_age_s": _heartbeat_age_s()}
+    if checks["database"] == "ok":  # the providers read the database
+        extra["warnings"] = readiness_warnings()
     failed = [name for name, result in checks.items() if result != "ok"]
     if failed:
         return problem_response(503, "unavailable", f"Not ready: {', '.join(failed)} unreachable.", **extra)
