@@ -59,6 +59,8 @@ class ClusterForm(forms.ModelForm):
             "ssh_key_passphrase",
             "slurm_cluster_name",
             "scratch_root",
+            "job_identity",
+            "tenant_identity_template",
             "k8s_api_url",
             "k8s_ca_cert",
             "k8s_token",

@@ -17,7 +17,16 @@ from django.utils.translation import gettext_lazy as _
 from portal.core.errors import PortalError
 from portal.core.staff import can_decide_quota, is_platform_admin
 from tenants import services
-from tenants.models import Membership, QuotaGrant, QuotaRequest, RequestState, Role, Tenant
+from tenants.models import (
+    ClusterAccount,
+    Membership,
+    Profile,
+    QuotaGrant,
+    QuotaRequest,
+    RequestState,
+    Role,
+    Tenant,
+)
 
 # What the decision page shows of the apps above tenants: jobs/admin.py adds the tenant's waiting
 # and running jobs. tenants imports nothing of jobs (DESIGN.md), so jobs registers a callback,
@@ -54,12 +63,31 @@ class MembershipInline(admin.TabularInline):
     autocomplete_fields = ["user"]
 
 
+class ClusterAccountInline(admin.TabularInline):
+    """The tenant's own cluster account on a cluster whose jobs run per tenant, where the
+    cluster's name template does not fit (the site's account already has another name)."""
+
+    model = ClusterAccount
+    extra = 0
+    fields = ["cluster", "username"]
+    verbose_name = _("cluster account")
+
+
+@admin.register(Profile)
+class ProfileAdmin(admin.ModelAdmin):
+    """Researchers' own cluster usernames, for clusters whose jobs run as their submitter."""
+
+    list_display = ["user", "cluster_username"]
+    search_fields = ["user__username", "cluster_username"]
+    autocomplete_fields = ["user"]
+
+
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
     list_display = ["slug", "name", "tier", "state", "contact_email", "created"]
     list_filter = ["tier", "state"]
     search_fields = ["slug", "name"]
-    inlines = [MembershipInline]
+    inlines = [MembershipInline, ClusterAccountInline]
 
     def get_readonly_fields(self, request, obj=None):
         fixed = ["slug"] if obj else []

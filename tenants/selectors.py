@@ -229,12 +229,20 @@ def tenant_identities(*, cluster: Cluster, tenant: Tenant) -> list[str]:
     return sorted(name for name in found if name and name not in {"root", cluster.ssh_user})
 
 
-def identity_problems(*, tenant: Tenant) -> list[tuple[Cluster, str, str]]:
-    """(cluster, identity, problem) for each identity of the tenant's that the last check on an
-    enabled Slurm cluster found unusable: what the tenant's page reports."""
-    problems = []
-    for cluster in Cluster.objects.filter(kind=ClusterKind.SLURM, enabled=True):
+def tenant_identity_rows(*, tenant: Tenant) -> list[dict]:
+    """Per enabled Slurm cluster and identity of the tenant's there: {cluster, username, ok},
+    ok being what the last check found (None: not checked yet): the team page's report. A
+    cluster where the tenant has no usable identity at all says so with username ""."""
+    rows = []
+    for cluster in Cluster.objects.filter(kind=ClusterKind.SLURM, enabled=True).order_by("name"):
         names = tenant_identities(cluster=cluster, tenant=tenant)
-        checks = IdentityCheck.objects.filter(cluster=cluster, username__in=names).exclude(problem="")
-        problems += [(cluster, check.username, check.problem) for check in checks.order_by("username")]
-    return problems
+        found = IdentityCheck.objects.filter(cluster=cluster, username__in=names)
+        checks = dict(found.values_list("username", "problem"))
+        rows += [{"cluster": cluster, "username": name, "ok": _ok(checks.get(name))} for name in names]
+        if not names:
+            rows.append({"cluster": cluster, "username": "", "ok": False})
+    return rows
+
+
+def _ok(problem: str | None) -> bool | None:
+    return None if problem is None else not problem

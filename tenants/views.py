@@ -31,6 +31,7 @@ from tenants.selectors import (
     members_of,
     memberships_of,
     quota_requests_visible_to,
+    tenant_identity_rows,
     tenant_perms,
     tenants_visible_to,
 )
@@ -342,6 +343,7 @@ def _team_page(request: HttpRequest, tenant: Tenant, form: MemberAddForm | None 
     context = tenant_context(request, tenant) | {
         "section": "team",
         "members": members_of(tenant=tenant).order_by("user__username"),
+        "cluster_accounts": tenant_identity_rows(tenant=tenant),
         "form": form or MemberAddForm(),
         "roles": Role.choices,
     }
