@@ -1,5 +1,7 @@
 """Settings, every one from the environment with a safe default (README: the table of settings)."""
 
+import contextlib
+import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -23,8 +25,20 @@ def _secret_key() -> str:
         return key
     path = VAR_DIR / "secret_key"
     if not path.exists():
-        path.touch(mode=0o600)
-        path.write_text(secrets.token_urlsafe(50))
+        # Processes that start together (web workers, celery, beat) race here. Each writes its
+        # own key to a private temporary file and links it into place: os.link fails when the
+        # name exists, so exactly one key wins, whole, and every process reads that one.
+        tmp = VAR_DIR / f".secret_key.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_urlsafe(50))
+                out.flush()
+                os.fsync(out.fileno())
+            with contextlib.suppress(FileExistsError):  # another process won: its key is the one
+                os.link(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
     return path.read_text().strip()
 
 
