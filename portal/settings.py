@@ -335,6 +335,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Quota by workload scenario, jobs on Slurm and Kubernetes. Contract: API.md.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # API.md: no auth → 401, the schema and its docs page included (a token or a session reads them).
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     "SCHEMA_PATH_PREFIX": "/api/v1",
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

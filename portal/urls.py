@@ -3,7 +3,6 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views import defaults
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
 from clusters.urls import api_urlpatterns as clusters_api
@@ -20,8 +19,8 @@ router.register("auth/tokens", core_api.TokenViewSet, basename="token")
 
 api_v1 = [
     path("auth/token/", core_api.TokenCreate.as_view(), name="token-create"),
-    path("schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("schema/", core_api.SchemaView.as_view(), name="schema"),
+    path("docs/", core_api.DocsView.as_view(url_name="schema"), name="docs"),
     *router.urls,
     *tenants_api,
     *clusters_api,
