@@ -9,8 +9,7 @@ from clusters.urls import api_urlpatterns as clusters_api
 from jobs import views as jobs_views
 from jobs.urls import api_urlpatterns as jobs_api
 from portal.core import api as core_api
-from portal.core import converters
-from portal.core import errors
+from portal.core import converters, errors
 from portal.core import views as core_views
 from tenants import views as tenants_views
 from tenants.urls import api_urlpatterns as tenants_api
@@ -55,7 +54,9 @@ pages = [
     path("t/<tslug:slug>/team/", tenants_views.team, name="team"),
     path("t/<tslug:slug>/team/add/", tenants_views.member_add, name="member-add"),
     path("t/<tslug:slug>/team/<username:username>/role/", tenants_views.member_role, name="member-role"),
-    path("t/<tslug:slug>/team/<username:username>/remove/", tenants_views.member_remove, name="member-remove"),
+    path(
+        "t/<tslug:slug>/team/<username:username>/remove/", tenants_views.member_remove, name="member-remove"
+    ),
 ]
 
 urlpatterns = [

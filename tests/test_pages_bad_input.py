@@ -109,7 +109,9 @@ def _probe(client, url: str, params: dict[str, list[str]]) -> None:
         _assert_refused(client, "get", f"{url}?{name}=%00")
         _assert_refused(client, "get", f"{url}?{name}=ok&{name}=a%00")
     _assert_refused(client, "get", f"{url}?%00=1")
-    form = {name: "a\x00" for name in ("username", "role", "scenario", "tenant", "name", "script", "language")}
+    form = {
+        name: "a\x00" for name in ("username", "role", "scenario", "tenant", "name", "script", "language")
+    }
     _assert_refused(client, "post", url, data=form)
 
 

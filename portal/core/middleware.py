@@ -17,8 +17,12 @@ def tenant_perms_per_request(get_response):
     return middleware
 
 
-def _has_nul(values) -> bool:
-    return any("\x00" in value for value in values)
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+def _has_nul(data) -> bool:
+    """Whether a QueryDict (a query or a form) holds a NUL byte in a name or a value."""
+    return any("\x00" in name or any("\x00" in value for value in values) for name, values in data.lists())
 
 
 def refuse_impossible_input(get_response):
@@ -32,13 +36,8 @@ def refuse_impossible_input(get_response):
     def middleware(request):
         if not request.path.startswith("/api/") and (
             "\x00" in request.path
-            or _has_nul(request.GET.keys())
-            or _has_nul(v for _k, vs in request.GET.lists() for v in vs)
-            or (
-                request.method == "POST"
-                and request.content_type in ("application/x-www-form-urlencoded", "multipart/form-data")
-                and (_has_nul(request.POST.keys()) or _has_nul(v for _k, vs in request.POST.lists() for v in vs))
-            )
+            or _has_nul(request.GET)
+            or (request.method == "POST" and request.content_type in FORM_TYPES and _has_nul(request.POST))
         ):
             return bad_request(request, SuspiciousOperation("NUL byte in the request"))
         return get_response(request)
