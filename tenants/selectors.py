@@ -153,3 +153,9 @@ def tenant_manager_emails(*, tenant: Tenant) -> list[str]:
         .exclude(user__email="")
         .values_list("user__email", flat=True)
     )
+
+
+def active_user_named(*, username: str) -> AbstractBaseUser | None:
+    """The active user of this username, or None. Whoever asks learns whether the name exists:
+    callers guard it (portal.core.throttles.FailureAllowance, scope member_lookup)."""
+    return get_user_model().objects.filter(username=username, is_active=True).first()

@@ -15,6 +15,7 @@ from django.utils.formats import number_format
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 from django.views.decorators.http import require_GET, require_POST
+from rest_framework.exceptions import Throttled
 from rest_framework.fields import empty as drf_empty
 
 from clusters import advisor
@@ -24,7 +25,7 @@ from portal.core.errors import Forbidden, Invalid, PortalError
 from tenants import roles, services
 from tenants.forms import ADVICE_FIELDS, MemberAddForm, MemberRoleForm, QuotaRequestForm
 from tenants.models import Membership, Role, Tenant
-from tenants.permissions import require
+from tenants.permissions import member_candidate, require
 from tenants.selectors import (
     grants_visible_to,
     members_of,
@@ -356,15 +357,21 @@ def member_add(request: HttpRequest, slug: str) -> HttpResponse:
     tenant = tenant_or_404(request, slug)
     require_or_403(request.user, tenant, roles.MANAGE_MEMBERS)
     form = MemberAddForm(request.POST)
+    status, retry_after = 400, None
     if form.is_valid():
         _require_manage(request.user, tenant, form.cleaned_data["role"])
         try:
+            user = member_candidate(request.user, form.cleaned_data["username"])
             membership = services.membership_add(
-                actor=request.user,
-                tenant=tenant,
-                user=form.cleaned_data["username"],
-                role=form.cleaned_data["role"],
+                actor=request.user, tenant=tenant, user=user, role=form.cleaned_data["role"]
             )
+        except Throttled as exc:
+            form.add_error(
+                None,
+                _("Too many usernames that name no one. Try again in %(minutes)s minutes.")
+                % {"minutes": max(1, round(exc.wait / 60))},
+            )
+            status, retry_after = 429, exc.wait
         except PortalError as exc:
             form_errors_from(form, exc)
         else:
@@ -373,7 +380,10 @@ def member_add(request: HttpRequest, slug: str) -> HttpResponse:
                 % {"username": membership.user.username, "role": membership.get_role_display()},
             )  # fmt: skip
             return redirect("team", slug=tenant.slug)
-    return _team_page(request, tenant, form, status=400)
+    response = _team_page(request, tenant, form, status=status)
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response
 
 
 def _membership_or_404(request: HttpRequest, tenant: Tenant, username: str) -> Membership:

@@ -14,6 +14,7 @@ import time
 
 from django.conf import settings
 from django.core.cache import cache
+from rest_framework.exceptions import Throttled
 from rest_framework.throttling import BaseThrottle, SimpleRateThrottle
 
 log = logging.getLogger(__name__)
@@ -91,3 +92,30 @@ class TokenCreateThrottle(_CounterThrottle):
 
     def ident(self, request) -> str:
         return self.get_ident(request)
+
+
+class FailureAllowance:
+    """A caller's allowance of failed look-ups of one kind (API_THROTTLE_RATES[scope]) in a fixed
+    window. `check` refuses a caller who has spent it, before the look-up, whatever its outcome
+    would be: a refusal that came only after a miss would itself tell a miss from a hit.
+    `spend` counts one miss. Fails closed, as a guard against guessing must."""
+
+    def __init__(self, *, scope: str, ident: str):
+        self.scope, self.ident = scope, ident
+        self.allowed, self.window_s = SimpleRateThrottle.parse_rate(None, settings.API_THROTTLE_RATES[scope])
+
+    def _key(self) -> tuple[str, float]:
+        now = time.time()
+        window = int(now // self.window_s)
+        key = f"failures:{self.scope}:{self.ident}:{self.window_s}:{window}"
+        return key, (window + 1) * self.window_s - now
+
+    def check(self) -> None:
+        """Raises Throttled (429, Retry-After) once the allowance is spent."""
+        key, wait_s = self._key()
+        if (cache.get(key) or 0) >= self.allowed:
+            raise Throttled(wait=max(1, math.ceil(wait_s)))
+
+    def spend(self) -> None:
+        key, _wait = self._key()
+        _count(key, self.window_s)
