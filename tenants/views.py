@@ -22,6 +22,7 @@ from clusters import advisor
 from clusters.selectors import cluster_list, gpu_model_list, scenario_list
 from clusters.serializers import ADVICE_IN
 from portal.core.errors import Forbidden, Invalid, PortalError
+from portal.core.staff import is_platform_admin
 from tenants import roles, services
 from tenants.forms import ADVICE_FIELDS, MemberAddForm, MemberRoleForm, QuotaRequestForm
 from tenants.models import Membership, Role, Tenant
@@ -438,7 +439,9 @@ def member_remove(request: HttpRequest, slug: str, username: str) -> HttpRespons
 # --- Clusters: where the team's jobs can run
 
 # The health columns on top of what cluster_list loads; never a connection or secret column.
-CLUSTER_COLUMNS = ("id", "slug", "name", "kind", "healthy", "health_detail", "health_checked_at")
+# health_detail is the backend's own words (hosts, users, paths): platform admins' only.
+CLUSTER_COLUMNS = ("id", "slug", "name", "kind", "healthy", "health_checked_at")
+CLUSTER_ADMIN_COLUMNS = (*CLUSTER_COLUMNS, "health_detail")
 GPU_MODEL_COLUMNS = (
     "id", "slug", "vendor", "name", "memory_gb", "fp64_tflops", "fp16_tflops", "memory_bandwidth_gbs",
 )  # fmt: skip
@@ -462,8 +465,11 @@ def walltime_text(minutes: int) -> str:
 @require_GET
 def clusters(request: HttpRequest, slug: str) -> HttpResponse:
     """Clusters with partitions, each partition marked when the tenant's current grants cover its
-    GPU model; then the GPU models' figures. Six queries whatever the number of clusters."""
+    GPU model; then the GPU models' figures. Six queries whatever the number of clusters. Why a
+    cluster is unhealthy is for platform admins: the backend's words name hosts, users and paths."""
     tenant = tenant_or_404(request, slug)
+    health_detail = is_platform_admin(request.user)
+    columns = CLUSTER_ADMIN_COLUMNS if health_detail else CLUSTER_COLUMNS
     today = timezone.localdate()
     covered = set(
         grants_visible_to(user=request.user)
@@ -487,11 +493,12 @@ def clusters(request: HttpRequest, slug: str) -> HttpResponse:
                 for p in cluster.partitions.all()
             ],
         }
-        for cluster in cluster_list().only(*CLUSTER_COLUMNS).order_by("slug")
+        for cluster in cluster_list().only(*columns).order_by("slug")
     ]
     context = tenant_context(request, tenant) | {
         "section": "clusters",
         "clusters": rows,
         "gpu_models": gpu_models,
+        "show_health_detail": health_detail,
     }
     return render(request, "clusters/list.html", context)
