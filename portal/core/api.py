@@ -28,8 +28,13 @@ class TokenCreate(APIView):
     def post(self, request):
         data = TokenIn(data=request.data)
         data.is_valid(raise_exception=True)
+        # Django's request, which the login lockout (portal.core.lockout) marks: a username or
+        # address locked out answers 429 `throttled` with Retry-After from the lockout middleware,
+        # whether or not the username exists; below the limit a wrong password stays 400 (API.md).
         user = authenticate(
-            request, username=data.validated_data["username"], password=data.validated_data["password"]
+            request._request,
+            username=data.validated_data["username"],
+            password=data.validated_data["password"],
         )
         if user is None:
             # One message for an unknown user and a wrong password: nothing to enumerate.
