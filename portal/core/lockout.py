@@ -56,7 +56,8 @@ class LockoutHandler(AxesDatabaseHandler):
         if username and _failures(request, username=username) >= settings.LOGIN_ACCOUNT_FAILURE_LIMIT:
             return True
         address = request.axes_ip_address
-        return bool(address) and _failures(request, ip_address=address) >= settings.LOGIN_ADDRESS_FAILURE_LIMIT
+        limit = settings.LOGIN_ADDRESS_FAILURE_LIMIT
+        return bool(address) and _failures(request, ip_address=address) >= limit
 
     def is_locked(self, request, credentials=None) -> bool:
         return super().is_locked(request, credentials) or self._wide_lock(request, credentials)
