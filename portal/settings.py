@@ -331,6 +331,10 @@ API_THROTTLE_RATES = {
     # Usernames a tenant's manager may try that name no user, per hour (API and team page): adding
     # a member tells whether a username exists, so guessing them is bounded (docs: web-hardening).
     "member_lookup": env_str("API_THROTTLE_MEMBER_LOOKUP", "20/hour"),
+    # Password reset mails asked for, per client address and per address typed (the page's answer
+    # is the same for an address with an account and one without; so is its count).
+    "reset_address": env_str("PASSWORD_RESET_THROTTLE_ADDRESS", "10/hour"),
+    "reset_account": env_str("PASSWORD_RESET_THROTTLE_ACCOUNT", "3/hour"),
 }
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
