@@ -76,7 +76,7 @@ urlpatterns = [
     ),
     path(
         "accounts/reset/<uidb64:uidb64>/<reset_token:token>/",
-        auth_views.PasswordResetConfirmView.as_view(),
+        accounts.PasswordResetConfirmView.as_view(),
         name="password_reset_confirm",
     ),
     path(

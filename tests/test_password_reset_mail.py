@@ -58,42 +58,50 @@ def test_known_and_unknown_addresses_get_the_same_answer_after_the_same_work(cli
     assert "Hello alice," in mails[0]
 
 
-@pytest.mark.django_db
-def test_requests_are_counted_per_address_typed(client):
+@pytest.fixture
+def eager_tasks(db):
+    """The mail task runs in the test's process (its outbox), as in test_pages_password_reset.py."""
+    from portal.celery import app
+
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = False
+
+
+def test_requests_are_counted_per_address_typed(client, eager_tasks):
     with override_settings(
         API_THROTTLE_RATES=RATES | {"reset_address": "100/hour", "reset_account": "2/hour"}
     ):
-        from portal.celery import app
-
-        app.conf.task_always_eager = True
-        try:
-            for _ in range(2):
-                assert client.post(RESET, {"email": "someone@example.org"}).status_code == 302
-            refused = client.post(RESET, {"email": "SOMEONE@example.org "})
-            other = client.post(RESET, {"email": "else@example.org"})
-        finally:
-            app.conf.task_always_eager = False
+        for _ in range(2):
+            assert client.post(RESET, {"email": "someone@example.org"}).status_code == 302
+        refused = client.post(RESET, {"email": "SOMEONE@example.org "})
+        other = client.post(RESET, {"email": "else@example.org"})
     assert refused.status_code == 429 and int(refused["Retry-After"]) > 0
     assert "Too many requests for a new password." in refused.content.decode()
     assert other.status_code == 302
 
 
-@pytest.mark.django_db
-def test_requests_are_counted_per_client_address(client, mailoutbox):
+def test_requests_are_counted_per_client_address(client, eager_tasks):
     with override_settings(
         API_THROTTLE_RATES=RATES | {"reset_address": "3/hour", "reset_account": "100/hour"}
     ):
-        from portal.celery import app
-
-        app.conf.task_always_eager = True
-        try:
-            for n in range(3):
-                assert (
-                    client.post(RESET, {"email": f"a{n}@example.org"}, REMOTE_ADDR="10.7.0.1").status_code
-                    == 302
-                )
-            refused = client.post(RESET, {"email": "a9@example.org"}, REMOTE_ADDR="10.7.0.1")
-            elsewhere = client.post(RESET, {"email": "a9@example.org"}, REMOTE_ADDR="10.7.0.2")
-        finally:
-            app.conf.task_always_eager = False
+        for n in range(3):
+            assert (
+                client.post(RESET, {"email": f"a{n}@example.org"}, REMOTE_ADDR="10.7.0.1").status_code == 302
+            )
+        refused = client.post(RESET, {"email": "a9@example.org"}, REMOTE_ADDR="10.7.0.1")
+        elsewhere = client.post(RESET, {"email": "a9@example.org"}, REMOTE_ADDR="10.7.0.2")
     assert refused.status_code == 429 and elsewhere.status_code == 302
+
+
+def test_a_new_password_set_through_the_mail_ends_a_login_lock(client, eager_tasks, mailoutbox):
+    from tests.test_pages_password_reset import NEW_PASSWORD, reset_link, set_password
+
+    UserFactory(username="alice", email="alice@example.org")
+    for _ in range(5):
+        client.post("/accounts/login/", {"username": "alice", "password": "wrong"})
+    assert client.post("/accounts/login/", {"username": "alice", "password": "wrong"}).status_code == 429
+    client.post(RESET, {"email": "alice@example.org"})
+    assert set_password(client, reset_link(mailoutbox[0])).status_code == 302
+    logged_in = client.post("/accounts/login/", {"username": "alice", "password": NEW_PASSWORD})
+    assert logged_in.status_code == 302

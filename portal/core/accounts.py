@@ -1,5 +1,5 @@
-"""The password reset page: Django's form and templates, with the mail sent by a Celery task
-and the requests counted per address and per account."""
+"""The password reset pages: Django's forms and templates, with the mail sent by a Celery task,
+the requests counted per address and per account, and a new password ending a login lock."""
 
 import hashlib
 import logging
@@ -9,6 +9,7 @@ from django.http import HttpResponse, HttpResponseRedirect
 from django.utils.translation import gettext as _
 from rest_framework.exceptions import Throttled
 
+from portal.core.services import login_failures_forget
 from portal.core.tasks import send_password_reset
 from portal.core.throttles import Allowance, client_ip
 
@@ -54,3 +55,13 @@ class PasswordResetView(auth_views.PasswordResetView):
             form.add_error(None, _("The mail cannot be sent right now. Please try again in a few minutes."))
             return self.render_to_response(self.get_context_data(form=form), status=503)
         return HttpResponseRedirect(self.get_success_url())
+
+
+class PasswordResetConfirmView(auth_views.PasswordResetConfirmView):
+    """Django's view; a new password set through the mailed link also ends a login lock on the
+    account (portal.core.lockout): the lock page sends a locked-out user here."""
+
+    def form_valid(self, form) -> HttpResponse:
+        response = super().form_valid(form)
+        login_failures_forget(username=form.user.get_username())
+        return response
