@@ -19,6 +19,8 @@ from rest_framework.exceptions import Throttled
 from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle, SimpleRateThrottle
 
+from portal.core.errors import Unavailable
+
 log = logging.getLogger(__name__)
 
 
@@ -141,15 +143,22 @@ class Allowance:
     def _key(self) -> tuple[str, float]:
         now = time.time()
         window = int(now // self.window_s)
-        key = f"failures:{self.scope}:{self.ident}:{self.window_s}:{window}"
+        key = f"allowance:{self.scope}:{self.ident}:{self.window_s}:{window}"
         return key, (window + 1) * self.window_s - now
 
     def check(self) -> None:
         """Raises Throttled (429, Retry-After) once the allowance is spent."""
         key, wait_s = self._key()
-        if (cache.get(key) or 0) >= self.allowed:
+        try:
+            spent = cache.get(key) or 0
+        except Exception as exc:  # the cache backend's own errors (redis, file system) differ
+            raise Unavailable("The request counters cannot be read now; try again shortly.") from exc
+        if spent >= self.allowed:
             raise Throttled(wait=max(1, math.ceil(wait_s)))
 
     def spend(self) -> None:
         key, _wait = self._key()
-        _count(key, self.window_s)
+        try:
+            _count(key, self.window_s)
+        except Exception as exc:
+            raise Unavailable("The request counters cannot be written now; try again shortly.") from exc
