@@ -19,8 +19,6 @@ from rest_framework.exceptions import Throttled
 from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle, SimpleRateThrottle
 
-from portal.core.errors import Unavailable
-
 log = logging.getLogger(__name__)
 
 
@@ -152,7 +150,7 @@ class Allowance:
         try:
             spent = cache.get(key) or 0
         except Exception as exc:  # the cache backend's own errors (redis, file system) differ
-            raise Unavailable("The request counters cannot be read now; try again shortly.") from exc
+            raise _unavailable("read") from exc
         if spent >= self.allowed:
             raise Throttled(wait=max(1, math.ceil(wait_s)))
 
@@ -161,4 +159,11 @@ class Allowance:
         try:
             _count(key, self.window_s)
         except Exception as exc:
-            raise Unavailable("The request counters cannot be written now; try again shortly.") from exc
+            raise _unavailable("written") from exc
+
+
+def _unavailable(what: str) -> Exception:
+    # Imported here: portal.core.errors imports DRF's views, whose settings import this module.
+    from portal.core.errors import Unavailable
+
+    return Unavailable(f"The request counters cannot be {what} now; try again shortly.")
