@@ -243,3 +243,21 @@ def test_a_member_sees_the_usernames_of_their_tenant_only(client_for, member, ou
         for m in client_for(member).get("/api/v1/tenants/protein-lab/members/").json()["results"]
     ]
     assert "colleague" in names and "outsider" not in names
+
+
+def test_with_the_counters_unreadable_a_lookup_is_refused_with_503_not_guessed(client_for, manager, stranger):
+    """The member look-up's counter fails closed: no look-up it cannot count (a cache on a port
+    where nothing listens, as when Redis is down)."""
+    dead = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://127.0.0.1:1/0",
+        }
+    }
+    client = client_for(manager)
+    with override_settings(CACHES=dead):
+        response = client.post(
+            "/api/v1/tenants/protein-lab/members/", {"username": "stranger", "role": "viewer"}
+        )
+    assert response.status_code == 503 and response.json()["code"] == "unavailable"
+    assert not Membership.objects.filter(user=stranger).exists()
