@@ -5,7 +5,7 @@ from django.contrib.auth.models import AbstractBaseUser
 
 from portal.core.errors import Forbidden, Invalid
 from portal.core.staff import is_platform_admin
-from portal.core.throttles import FailureAllowance
+from portal.core.throttles import Allowance
 from tenants.models import Tenant
 from tenants.selectors import active_user_named, tenant_perms
 
@@ -29,7 +29,7 @@ def member_candidate(actor: AbstractBaseUser, username: str) -> AbstractBaseUser
     if is_platform_admin(actor):
         user = active_user_named(username=username)
     else:
-        allowance = FailureAllowance(scope="member_lookup", ident=str(actor.pk))
+        allowance = Allowance(scope="member_lookup", ident=str(actor.pk))
         allowance.check()
         user = active_user_named(username=username)
         if user is None:

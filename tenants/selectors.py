@@ -157,5 +157,5 @@ def tenant_manager_emails(*, tenant: Tenant) -> list[str]:
 
 def active_user_named(*, username: str) -> AbstractBaseUser | None:
     """The active user of this username, or None. Whoever asks learns whether the name exists:
-    callers guard it (portal.core.throttles.FailureAllowance, scope member_lookup)."""
+    callers guard it (portal.core.throttles.Allowance, scope member_lookup)."""
     return get_user_model().objects.filter(username=username, is_active=True).first()
