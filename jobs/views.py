@@ -4,6 +4,7 @@ The same rule as jobs/api.py: parse, scope through jobs_visible_to(), check the 
 service, render. The live parts are htmx fragments that poll every few seconds while a job
 shown is active, and stop polling (their re-render carries no trigger) once all have ended."""
 
+import re
 from datetime import timedelta
 
 from django.contrib import messages
@@ -27,6 +28,7 @@ from jobs.models import Job, JobState, Priority
 from jobs.selectors import job_events_of, job_is_own_or_managed, jobs_visible_to, usage_of
 from jobs.states import END_STATES
 from portal.core.errors import Conflict, PortalError, Unavailable
+from portal.core.serializers import ID_LOOKUP
 from tenants import roles
 from tenants.models import Tenant
 from tenants.selectors import grants_visible_to, members_of
@@ -40,6 +42,7 @@ from tenants.views import (
     tenant_or_404,
 )
 
+ID_RE = re.compile(ID_LOOKUP)
 PAGE_ROWS = 50
 LOG_LINES = 200
 USAGE_DAYS = 30
@@ -67,8 +70,9 @@ def _job_or_404(request: HttpRequest, tenant: Tenant, job_id: int) -> Job:
 
 
 def _int_param(request: HttpRequest, name: str) -> int | None:
+    # ASCII digits, at most 18 (a bigint): str.isdigit takes "²", which int() refuses.
     value = request.GET.get(name, "")
-    return int(value) if value.isdigit() else None
+    return int(value) if ID_RE.fullmatch(value) else None
 
 
 def _rows_page(jobs, *, before: int | None, after: int | None, limit: int) -> tuple[list[Job], dict]:

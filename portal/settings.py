@@ -1,5 +1,6 @@
 """Settings, every one from the environment with a safe default (README: the table of settings)."""
 
+import contextlib
 import os
 import secrets
 from datetime import timedelta
@@ -16,6 +17,26 @@ VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 
+def _generated_once(path: Path, make) -> str:
+    """The text of `path`, which the first process to get here writes whole. Processes that start
+    together (web workers, celery, beat) race here: each writes its own text to a private
+    temporary file and links it into place; os.link fails when the name exists, so exactly one
+    text wins, whole, and every process reads that one."""
+    if not path.exists():
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(make())
+                out.flush()
+                os.fsync(out.fileno())
+            with contextlib.suppress(FileExistsError):  # another process won: its text is the one
+                os.link(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return path.read_text().strip()
+
+
 def _secret_key() -> str:
     """SECRET_KEY from the environment, or one generated once into var/ and kept there."""
     key = env_secret("SECRET_KEY")
@@ -23,32 +44,10 @@ def _secret_key() -> str:
         if len(key) < 32:
             raise ImproperlyConfigured("SECRET_KEY is shorter than 32 characters")
         return key
-    path = VAR_DIR / "secret_key"
-    if not path.exists():
-        path.touch(mode=0o600)
-        path.write_text(secrets.token_urlsafe(50))
-    return path.read_text().strip()
+    return _generated_once(VAR_DIR / "secret_key", lambda: secrets.token_urlsafe(50))
 
 
 SECRET_KEY = _secret_key()
-
-
-def _generated_once(path: Path, make) -> str:
-    """The text of `path`, which the first process to get here writes whole: a temporary file
-    linked into place, so that processes starting together all read the same text and none
-    reads a half-written one."""
-    if not path.exists():
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as file:
-            file.write(make())
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass  # another process was first: its text wins
-        finally:
-            tmp.unlink()
-    return path.read_text().strip()
 
 
 def _field_encryption_keys() -> list[str]:
@@ -100,6 +99,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "guardian",
+    "axes",
     "portal.core",
     "clusters",
     "tenants",
@@ -112,11 +112,14 @@ MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
+    "portal.core.middleware.refuse_impossible_input",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "portal.core.middleware.tenant_perms_per_request",
+    # Last: it turns a login that axes refused into the lockout answer (portal.core.lockout).
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -172,10 +175,27 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 AUTHENTICATION_BACKENDS = [
+    "portal.core.lockout.LockoutBackend",  # first: a locked username or address tries no password
     "django.contrib.auth.backends.ModelBackend",
     "guardian.backends.ObjectPermissionBackend",
 ]
 ANONYMOUS_USER_NAME = None  # guardian: no anonymous user row; anonymous callers get nothing
+# --- Login lockout (portal/core/lockout.py; docs/architecture-notes/web-hardening.md): failures
+# within the cool-off, per username and address, per username, per address.
+LOGIN_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1)
+LOGIN_ACCOUNT_FAILURE_LIMIT = env_int("LOGIN_ACCOUNT_FAILURE_LIMIT", 50, minimum=1)
+LOGIN_ADDRESS_FAILURE_LIMIT = env_int("LOGIN_ADDRESS_FAILURE_LIMIT", 100, minimum=1)
+LOGIN_COOLOFF_MINUTES = env_int("LOGIN_COOLOFF_MINUTES", 15, minimum=1)
+AXES_HANDLER = "portal.core.lockout.LockoutHandler"
+AXES_FAILURE_LIMIT = LOGIN_FAILURE_LIMIT
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_COOLOFF_TIME = timedelta(minutes=LOGIN_COOLOFF_MINUTES)
+AXES_RESET_ON_SUCCESS = True
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False  # a lock ends when its cool-off does
+AXES_CLIENT_IP_CALLABLE = "portal.core.throttles.client_ip"  # the throttles' address (NUM_PROXIES)
+AXES_LOCKOUT_CALLABLE = "portal.core.lockout.lockout_response"
+AXES_DISABLE_ACCESS_LOG = True  # no row per successful login: the table would only grow
+AXES_HTTP_RESPONSE_CODE = 429
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
@@ -359,6 +379,13 @@ API_THROTTLE_RATES = {
     "user": env_str("API_THROTTLE_USER", "1200/min"),
     "anon": env_str("API_THROTTLE_ANON", "60/min"),
     "token": env_str("API_THROTTLE_TOKEN", "20/min"),
+    # Usernames a tenant's manager may try that name no user, per hour (API and team page): adding
+    # a member tells whether a username exists, so guessing them is bounded (docs: web-hardening).
+    "member_lookup": env_str("API_THROTTLE_MEMBER_LOOKUP", "20/hour"),
+    # Password reset mails asked for, per client address and per address typed (the page's answer
+    # is the same for an address with an account and one without; so is its count).
+    "reset_address": env_str("PASSWORD_RESET_THROTTLE_ADDRESS", "10/hour"),
+    "reset_account": env_str("PASSWORD_RESET_THROTTLE_ACCOUNT", "3/hour"),
 }
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -387,6 +414,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Quota by workload scenario, jobs on Slurm and Kubernetes. Contract: API.md.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # API.md: no auth → 401, the schema and its docs page included (a token or a session reads them).
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     "SCHEMA_PATH_PREFIX": "/api/v1",
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

@@ -16,7 +16,7 @@ from portal.core.staff import is_platform_admin, staff_roles_of
 from tenants import roles, services
 from tenants.filters import AuditFilter, QuotaFilter, QuotaRequestFilter
 from tenants.models import Membership, QuotaGrant, QuotaRequest, Role, Tenant
-from tenants.permissions import require, require_platform_admin, require_quota_decider
+from tenants.permissions import member_candidate, require, require_platform_admin, require_quota_decider
 from tenants.selectors import (
     audit_visible_to,
     grants_visible_to,
@@ -133,16 +133,20 @@ class MemberViewSet(viewsets.GenericViewSet):
 
     @extend_schema(request=MemberIn, responses={201: MemberOut})
     def create(self, request, tenant_slug=None):
+        # 404 for a tenant the caller cannot see, then 403 for a role that may not add, before the
+        # body is read: neither an outsider nor a viewer learns anything from what they send.
+        tenant = self.tenant()
+        require(request.user, tenant, roles.MANAGE_MEMBERS)
         data = parsed(MemberIn, request)
         self._require_manage(data["role"])
-        membership = services.membership_add(
-            actor=request.user, tenant=self.tenant(), user=data["username"], role=data["role"]
-        )
+        user = member_candidate(request.user, data["username"])
+        membership = services.membership_add(actor=request.user, tenant=tenant, user=user, role=data["role"])
         return Response(MemberOut(membership).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=MemberPatch, responses=MemberOut)
     def partial_update(self, request, tenant_slug=None, username=None):
         membership = self.member(username)
+        require(request.user, self.tenant(), roles.MANAGE_MEMBERS)
         data = parsed(MemberPatch, request)
         self._require_manage(membership.role, data["role"])
         membership = services.membership_change_role(

@@ -4,7 +4,6 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from django import forms
-from django.contrib.auth import get_user_model
 from django.utils.translation import gettext_lazy as _
 
 from tenants.models import Role
@@ -41,11 +40,8 @@ class MemberAddForm(forms.Form):
     role = forms.ChoiceField(label=_("Role"), choices=Role.choices, initial=Role.MEMBER)
 
     def clean_username(self):
-        username = self.cleaned_data["username"].strip()
-        user = get_user_model().objects.filter(username=username, is_active=True).first()
-        if user is None:
-            raise forms.ValidationError(_("No user %(username)s."), params={"username": username})
-        return user
+        # Its form only: whether it names a user is the view's question (member_candidate).
+        return self.cleaned_data["username"].strip()
 
 
 class MemberRoleForm(forms.Form):

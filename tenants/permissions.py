@@ -3,10 +3,11 @@ tenants); these answer 403 for a caller who sees the tenant but whose role lacks
 
 from django.contrib.auth.models import AbstractBaseUser
 
-from portal.core.errors import Forbidden
+from portal.core.errors import Forbidden, Invalid
 from portal.core.staff import can_decide_quota, is_platform_admin
+from portal.core.throttles import Allowance
 from tenants.models import Tenant
-from tenants.selectors import tenant_perms
+from tenants.selectors import active_user_named, tenant_perms
 
 
 def require(user: AbstractBaseUser, tenant: Tenant, perm: str) -> None:
@@ -22,3 +23,22 @@ def require_platform_admin(user: AbstractBaseUser) -> None:
 def require_quota_decider(user: AbstractBaseUser) -> None:
     if not can_decide_quota(user):
         raise Forbidden("Only platform admins and quota approvers may decide quota requests.")
+
+
+def member_candidate(actor: AbstractBaseUser, username: str) -> AbstractBaseUser:
+    """The active user a manager names to add to a tenant. Adding tells whether a username
+    exists, which the manager may not otherwise see (they share no tenant): misses are counted
+    per caller (API_THROTTLE_RATES["member_lookup"]) and, once spent, every look-up is refused
+    with Throttled, hit or miss. Platform admins see every user and are not counted.
+    Raises Invalid on a miss, with one message whatever the reason (no such user, inactive)."""
+    if is_platform_admin(actor):
+        user = active_user_named(username=username)
+    else:
+        allowance = Allowance(scope="member_lookup", ident=str(actor.pk))
+        allowance.check()
+        user = active_user_named(username=username)
+        if user is None:
+            allowance.spend()
+    if user is None:
+        raise Invalid({"username": "No active user has this username."})
+    return user

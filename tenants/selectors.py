@@ -246,3 +246,9 @@ def tenant_identity_rows(*, tenant: Tenant) -> list[dict]:
 
 def _ok(problem: str | None) -> bool | None:
     return None if problem is None else not problem
+
+
+def active_user_named(*, username: str) -> AbstractBaseUser | None:
+    """The active user of this username, or None. Whoever asks learns whether the name exists:
+    callers guard it (portal.core.throttles.Allowance, scope member_lookup)."""
+    return get_user_model().objects.filter(username=username, is_active=True).first()

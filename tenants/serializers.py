@@ -8,12 +8,14 @@ from clusters.models import GpuModel, Scenario
 from portal.core.models import AuditEvent
 from portal.core.serializers import (
     SLUG_PATTERN,
+    USERNAME_PATTERN,
     SlugRef,
     StrictCharField,
     StrictDecimalField,
     StrictEmailField,
     StrictIntegerField,
     UsernameRef,
+    is_username,
 )
 from portal.core.validators import reserved_slug_validator, slug_validator
 from tenants.models import Membership, QuotaGrant, QuotaRequest, Role, Tenant, TenantState, Tier
@@ -79,8 +81,20 @@ class MemberOut(serializers.ModelSerializer):
         fields = ["username", "role", "joined"]
 
 
+@extend_schema_field({"type": "string", "pattern": USERNAME_PATTERN, "maxLength": 150})
+class UsernameField(StrictCharField):
+    """A username by its form only; whether it names a user is the view's question, asked after
+    the caller is known to manage the tenant (tenants.permissions.member_candidate)."""
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if not is_username(value):
+            self.fail("invalid")
+        return value
+
+
 class MemberIn(serializers.Serializer):
-    username = UsernameRef(queryset=get_user_model().objects.filter(is_active=True))
+    username = UsernameField(max_length=150, error_messages={"invalid": "Not a valid username."})
     role = serializers.ChoiceField(choices=Role.choices)
 
 

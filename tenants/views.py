@@ -15,6 +15,7 @@ from django.utils.formats import number_format
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 from django.views.decorators.http import require_GET, require_POST
+from rest_framework.exceptions import Throttled
 from rest_framework.fields import empty as drf_empty
 
 from clusters import advisor
@@ -25,7 +26,7 @@ from portal.core.staff import is_platform_admin
 from tenants import roles, services
 from tenants.forms import ADVICE_FIELDS, MemberAddForm, MemberRoleForm, QuotaRequestForm
 from tenants.models import Membership, Role, Tenant
-from tenants.permissions import require
+from tenants.permissions import member_candidate, require
 from tenants.selectors import (
     grants_visible_to,
     members_of,
@@ -362,15 +363,21 @@ def member_add(request: HttpRequest, slug: str) -> HttpResponse:
     tenant = tenant_or_404(request, slug)
     require_or_403(request.user, tenant, roles.MANAGE_MEMBERS)
     form = MemberAddForm(request.POST)
+    status, retry_after = 400, None
     if form.is_valid():
         _require_manage(request.user, tenant, form.cleaned_data["role"])
         try:
+            user = member_candidate(request.user, form.cleaned_data["username"])
             membership = services.membership_add(
-                actor=request.user,
-                tenant=tenant,
-                user=form.cleaned_data["username"],
-                role=form.cleaned_data["role"],
+                actor=request.user, tenant=tenant, user=user, role=form.cleaned_data["role"]
             )
+        except Throttled as exc:
+            form.add_error(
+                None,
+                _("Too many usernames that name no one. Try again in %(minutes)s minutes.")
+                % {"minutes": max(1, round(exc.wait / 60))},
+            )
+            status, retry_after = 429, exc.wait
         except PortalError as exc:
             form_errors_from(form, exc)
         else:
@@ -379,7 +386,10 @@ def member_add(request: HttpRequest, slug: str) -> HttpResponse:
                 % {"username": membership.user.username, "role": membership.get_role_display()},
             )  # fmt: skip
             return redirect("team", slug=tenant.slug)
-    return _team_page(request, tenant, form, status=400)
+    response = _team_page(request, tenant, form, status=status)
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response
 
 
 def _membership_or_404(request: HttpRequest, tenant: Tenant, username: str) -> Membership:
@@ -434,7 +444,9 @@ def member_remove(request: HttpRequest, slug: str, username: str) -> HttpRespons
 # --- Clusters: where the team's jobs can run
 
 # The health columns on top of what cluster_list loads; never a connection or secret column.
-CLUSTER_COLUMNS = ("id", "slug", "name", "kind", "healthy", "health_detail", "health_checked_at")
+# health_detail is the backend's own words (hosts, users, paths): platform admins' only.
+CLUSTER_COLUMNS = ("id", "slug", "name", "kind", "healthy", "health_checked_at")
+CLUSTER_ADMIN_COLUMNS = (*CLUSTER_COLUMNS, "health_detail")
 GPU_MODEL_COLUMNS = (
     "id", "slug", "vendor", "name", "memory_gb", "fp64_tflops", "fp16_tflops", "memory_bandwidth_gbs",
 )  # fmt: skip
@@ -458,8 +470,11 @@ def walltime_text(minutes: int) -> str:
 @require_GET
 def clusters(request: HttpRequest, slug: str) -> HttpResponse:
     """Clusters with partitions, each partition marked when the tenant's current grants cover its
-    GPU model; then the GPU models' figures. Six queries whatever the number of clusters."""
+    GPU model; then the GPU models' figures. Six queries whatever the number of clusters. Why a
+    cluster is unhealthy is for platform admins: the backend's words name hosts, users and paths."""
     tenant = tenant_or_404(request, slug)
+    health_detail = is_platform_admin(request.user)
+    columns = CLUSTER_ADMIN_COLUMNS if health_detail else CLUSTER_COLUMNS
     today = timezone.localdate()
     covered = set(
         grants_visible_to(user=request.user)
@@ -483,11 +498,12 @@ def clusters(request: HttpRequest, slug: str) -> HttpResponse:
                 for p in cluster.partitions.all()
             ],
         }
-        for cluster in cluster_list().only(*CLUSTER_COLUMNS).order_by("slug")
+        for cluster in cluster_list().only(*columns).order_by("slug")
     ]
     context = tenant_context(request, tenant) | {
         "section": "clusters",
         "clusters": rows,
         "gpu_models": gpu_models,
+        "show_health_detail": health_detail,
     }
     return render(request, "clusters/list.html", context)

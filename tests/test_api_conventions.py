@@ -106,16 +106,24 @@ def test_token_endpoint_throttles_password_guessing(anon_client, member):
         )
 
 
-def test_schema_and_docs_are_served(anon_client, db):
-    schema = anon_client.get("/api/v1/schema/?format=json")
+def test_schema_and_docs_are_served_to_a_caller_with_credentials(client_for, member, web):
+    schema = client_for(member).get("/api/v1/schema/?format=json")
     assert schema.status_code == 200
     spec = schema.json()
     assert spec["openapi"].startswith("3.")
     assert "/api/v1/me/" in spec["paths"]
     assert spec["components"]["securitySchemes"]["tokenAuth"]["name"] == "Authorization"
-    docs = anon_client.get("/api/v1/docs/")
+    docs = web(member).get("/api/v1/docs/")  # a browser's session, as the page is opened
     assert docs.status_code == 200
     assert b"swagger-ui" in docs.content
+
+
+@pytest.mark.parametrize("url", ["/api/v1/schema/", "/api/v1/schema/?format=json", "/api/v1/docs/"])
+def test_schema_and_docs_answer_401_without_credentials(anon_client, db, url):
+    """API.md: no auth → 401, as problem+json whatever the view's own renderer (YAML, HTML)."""
+    response = anon_client.get(url, HTTP_ACCEPT="text/html,application/yaml,*/*")
+    assert_problem(response, 401, "not_authenticated")
+    assert response["WWW-Authenticate"] == "Token"
 
 
 def test_schema_validates_without_warnings():

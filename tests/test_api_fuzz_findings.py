@@ -221,8 +221,8 @@ def test_templates_with_an_empty_scenario_are_all_templates(client_for, member):
 
 
 @pytest.fixture
-def spec(anon_client):
-    return anon_client.get("/api/v1/schema/?format=json").json()
+def spec(client_for, member):
+    return client_for(member).get("/api/v1/schema/?format=json").json()
 
 
 def operations(spec):

@@ -1,5 +1,5 @@
-"""Password reset by mail through Django's views: an unknown address is answered exactly as a
-known one and gets no mail; the mailed link sets a new password once. And in a real browser,
+"""Password reset by mail through Django's views, the mail sent by a Celery task: an unknown
+address is answered exactly as a known one and gets no mail; the mailed link sets a new password once. And in a real browser,
 from the login page's link to logging in with the new password."""
 
 import os
@@ -20,6 +20,18 @@ RESET = "/accounts/password_reset/"
 DONE = "/accounts/password_reset/done/"
 LINK = re.compile(r"(https?://[^/\s]+)(/accounts/reset/[\w-]+/[\w-]+/)")
 NEW_PASSWORD = "a quite different horse 42"
+
+
+@pytest.fixture(autouse=True)
+def _mail_task_runs_in_the_test():
+    """The mail is a Celery task (portal.core.tasks.send_password_reset); here it runs in the
+    test's process so that it lands in the locmem outbox. tests/test_password_reset_mail.py
+    sends it through a real worker."""
+    from portal.celery import app
+
+    app.conf.task_always_eager, app.conf.task_eager_propagates = True, True
+    yield
+    app.conf.task_always_eager, app.conf.task_eager_propagates = False, False
 
 
 @pytest.fixture

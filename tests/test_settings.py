@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -203,3 +204,41 @@ def test_a_malformed_field_encryption_key_stops_the_start_without_echoing_it(tmp
     assert result.returncode != 0
     assert "FIELD_ENCRYPTION_KEY: key 1 is not a Fernet key" in result.stderr
     assert "hunter2" not in result.stderr
+
+
+def test_processes_that_start_together_agree_on_one_secret_key(tmp_path):
+    """Web workers, the Celery worker and beat start at once against an empty VAR_DIR: they must
+    all sign with the same key, and none with a half-written or empty one. Three empty VAR_DIRs,
+    twelve processes each, since one race alone is often won cleanly even without the fix."""
+    clean = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "SECRET_KEY"}}
+    start_at = time.time() + 4  # after every interpreter is up, so that they reach the file together
+    code = (
+        # What settings imports comes first, so that the processes reach the key file together.
+        "import os, time, secrets, dj_database_url, django.core.exceptions, portal.envvars; "
+        "time.sleep(max(0.0, float(os.environ['START_AT']) - time.time())); "
+        "import portal.settings as s; print(repr(s.SECRET_KEY))"
+    )
+    var_dirs = [tmp_path / f"var{n}" for n in range(3)]
+    procs = [
+        (var_dir, subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            env=clean | {"VAR_DIR": str(var_dir), "START_AT": str(start_at)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ))
+        for var_dir in var_dirs
+        for _ in range(12)
+    ]  # fmt: skip
+    keys: dict = {var_dir: set() for var_dir in var_dirs}
+    for var_dir, proc in procs:
+        out, err = proc.communicate(timeout=90)
+        assert proc.returncode == 0, err
+        keys[var_dir].add(out.strip())
+    for var_dir, found in keys.items():
+        assert len(found) == 1, found
+        (key,) = found
+        assert len(key) >= 50
+        assert key.strip("'") == (var_dir / "secret_key").read_text()
+        assert [p.name for p in var_dir.iterdir() if p.name.startswith(".secret_key")] == []

@@ -1,11 +1,14 @@
 from django.contrib.auth import authenticate
 from drf_spectacular.utils import extend_schema
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework import mixins, status, viewsets
 from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import AllowAny
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from portal.core.errors import PROBLEM_CONTENT_TYPE
 from portal.core.models import ApiToken
 from portal.core.selectors import tokens_of
 from portal.core.serializers import ID_LOOKUP, TokenCreatedOut, TokenIn, TokenOut
@@ -25,8 +28,13 @@ class TokenCreate(APIView):
     def post(self, request):
         data = TokenIn(data=request.data)
         data.is_valid(raise_exception=True)
+        # Django's request, which the login lockout (portal.core.lockout) marks: a username or
+        # address locked out answers 429 `throttled` with Retry-After from the lockout middleware,
+        # whether or not the username exists; below the limit a wrong password stays 400 (API.md).
         user = authenticate(
-            request, username=data.validated_data["username"], password=data.validated_data["password"]
+            request._request,
+            username=data.validated_data["username"],
+            password=data.validated_data["password"],
         )
         if user is None:
             # One message for an unknown user and a wrong password: nothing to enumerate.
@@ -49,3 +57,22 @@ class TokenViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.Gen
 
     def perform_destroy(self, instance):
         token_revoke(token=instance, actor=self.request.user)
+
+
+class _ProblemOnError:
+    """An error of these views as problem+json, whatever the request accepted: their own
+    renderers (YAML, the Swagger page's HTML) would turn a 401 into text no client expects."""
+
+    def handle_exception(self, exc):
+        response = super().handle_exception(exc)
+        self.request.accepted_renderer = JSONRenderer()
+        self.request.accepted_media_type = PROBLEM_CONTENT_TYPE
+        return response
+
+
+class SchemaView(_ProblemOnError, SpectacularAPIView):
+    """The OpenAPI schema; like every API answer, 401 without credentials (API.md)."""
+
+
+class DocsView(_ProblemOnError, SpectacularSwaggerView):
+    """The Swagger UI page; a browser's session (or a token) opens it."""

@@ -1,6 +1,7 @@
 import secrets
 from datetime import timedelta
 
+from axes.utils import reset as axes_reset
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import models, transaction
 from django.utils import timezone
@@ -54,3 +55,10 @@ def audit_record(
         target_id=str(target.pk),
         data=data or {},
     )
+
+
+def login_failures_forget(*, username: str) -> int:
+    """Forget the failed logins of this username (every address): its owner has just proven
+    who they are by setting a new password through the mailed link, so a lock that guessers
+    put on the account ends for them. Returns how many records went."""
+    return axes_reset(username=username)

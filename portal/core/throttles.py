@@ -8,15 +8,46 @@ rate). Under load that was 8 % of a request's time. A counter is one INCR on Red
 the fixed window's: a caller may spend a window's allowance at its end and the next at the start
 of the following one."""
 
+import ipaddress
 import logging
 import math
 import time
 
 from django.conf import settings
 from django.core.cache import cache
+from rest_framework.exceptions import Throttled
+from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle, SimpleRateThrottle
 
 log = logging.getLogger(__name__)
+
+
+def client_ip(request) -> str:
+    """The client's address, the one every counter of this portal keys on (these throttles,
+    django-axes' login lockout through AXES_CLIENT_IP_CALLABLE, the password reset's).
+
+    With NUM_PROXIES = 0 the connection's own address. With n > 0 the n-th address from the
+    right of X-Forwarded-For: the one the outermost of the n trusted proxies saw (each proxy
+    appends the address it got the request from; what a client writes itself stays further
+    left). A header with fewer addresses than n, or one that is not an address, means that
+    NUM_PROXIES is wrong for this request: then the connection's address, never an empty or made-up
+    one that every client would share, nor a client-chosen one from the header's left."""
+    remote = request.META.get("REMOTE_ADDR", "")
+    proxies = api_settings.NUM_PROXIES
+    if not proxies:
+        return remote
+    hops = [hop.strip() for hop in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if hop.strip()]
+    if len(hops) >= proxies:
+        try:
+            return str(ipaddress.ip_address(hops[-proxies]))
+        except ValueError:
+            pass
+    log.warning(
+        "NUM_PROXIES=%d but X-Forwarded-For holds %d usable addresses: keyed on the connection's address",
+        proxies,
+        len(hops),
+    )
+    return remote
 
 
 def _count(key: str, window_s: int) -> int:
@@ -40,6 +71,9 @@ def _count(key: str, window_s: int) -> int:
 class _CounterThrottle(BaseThrottle):
     scope: str
     fail_open = True  # the counters share Redis with the broker; see allow_request
+
+    def get_ident(self, request) -> str:
+        return client_ip(request)
 
     def ident(self, request) -> str | None:
         """Who is counted; None: this throttle does not apply to the request."""
@@ -91,3 +125,45 @@ class TokenCreateThrottle(_CounterThrottle):
 
     def ident(self, request) -> str:
         return self.get_ident(request)
+
+
+class Allowance:
+    """A caller's allowance of events of one kind (API_THROTTLE_RATES[scope]) in a fixed window:
+    failed look-ups of usernames, password reset mails. `check` refuses a caller who has spent
+    it, before the attempt, whatever its outcome would be: a refusal that came only after a miss
+    would itself tell a miss from a hit. `spend` counts one. Fails closed, as a guard against
+    guessing must."""
+
+    def __init__(self, *, scope: str, ident: str):
+        self.scope, self.ident = scope, ident
+        self.allowed, self.window_s = SimpleRateThrottle.parse_rate(None, settings.API_THROTTLE_RATES[scope])
+
+    def _key(self) -> tuple[str, float]:
+        now = time.time()
+        window = int(now // self.window_s)
+        key = f"allowance:{self.scope}:{self.ident}:{self.window_s}:{window}"
+        return key, (window + 1) * self.window_s - now
+
+    def check(self) -> None:
+        """Raises Throttled (429, Retry-After) once the allowance is spent."""
+        key, wait_s = self._key()
+        try:
+            spent = cache.get(key) or 0
+        except Exception as exc:  # the cache backend's own errors (redis, file system) differ
+            raise _unavailable("read") from exc
+        if spent >= self.allowed:
+            raise Throttled(wait=max(1, math.ceil(wait_s)))
+
+    def spend(self) -> None:
+        key, _wait = self._key()
+        try:
+            _count(key, self.window_s)
+        except Exception as exc:
+            raise _unavailable("written") from exc
+
+
+def _unavailable(what: str) -> Exception:
+    # Imported here: portal.core.errors imports DRF's views, whose settings import this module.
+    from portal.core.errors import Unavailable
+
+    return Unavailable(f"The request counters cannot be {what} now; try again shortly.")
