@@ -61,6 +61,8 @@ def form_data(cluster: Cluster, **changes) -> dict:
         "ssh_key_passphrase": "",
         "slurm_cluster_name": "",
         "scratch_root": "",
+        "job_identity": cluster.job_identity,
+        "tenant_identity_template": cluster.tenant_identity_template,
         "k8s_api_url": "",
         "k8s_ca_cert": "",
         "k8s_token": "",
