@@ -196,6 +196,7 @@ AXES_CLIENT_IP_CALLABLE = "portal.core.throttles.client_ip"  # the throttles' ad
 AXES_LOCKOUT_CALLABLE = "portal.core.lockout.lockout_response"
 AXES_DISABLE_ACCESS_LOG = True  # no row per successful login: the table would only grow
 AXES_HTTP_RESPONSE_CODE = 429
+AXES_VERBOSE = False  # no "AXES: BEGIN" line at every start of every process
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
