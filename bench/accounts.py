@@ -5,8 +5,10 @@ for an unknown account.
 
     .venv/bin/python bench/accounts.py --site var/bench/site.json
 
+Each tenant's jobs run as its own job identity (the registered testbed's template: pt-<slug>), a
+Unix user that a site's admin makes once per team: here `testbed.sh identity` makes it, as root.
 Run with the stack's settings (scripts/bench evaluates `scripts/stack env` first). Only tenants
-whose account lacks the portal's user are applied (one sacctmgr listing tells which), one after
+whose account lacks its identity are applied (one sacctmgr listing tells which), one after
 the other: about two seconds each on the testbed, so the first run on a fresh testbed takes
 minutes and later ones a second. (In parallel, sacctmgr refused users of accounts that another
 call had just added.)
@@ -33,6 +35,8 @@ from clusters.models import Cluster  # noqa: E402
 from clusters.services import backend_of  # noqa: E402
 from jobs.services import tenant_apply  # noqa: E402
 from tenants.models import Tenant  # noqa: E402
+from tenants.selectors import tenant_identities  # noqa: E402
+from tests.testbed.env import testbed_identity  # noqa: E402
 
 SUBMIT_ROLES = {"owner", "manager", "member"}
 
@@ -51,20 +55,20 @@ def main() -> None:
         }
     )
     cluster = Cluster.objects.get(slug=site["cluster"])
-    # An account counts once the portal's SSH user is associated with it: tenant_apply adds the
-    # account, then the user, and an account whose user failed is applied again.
+    # An account counts once its identity is associated with it: tenant_apply adds the account,
+    # then the user, and an account whose user failed is applied again.
     listing = backend_of(cluster).check(["sacctmgr", "-n", "-P", "show", "assoc", "format=Account,User"])
-    ready = {
-        account
-        for account, _, user in (row.partition("|") for row in listing.split())
-        if user == cluster.ssh_user
-    }
+    pairs = {tuple(row.split("|", 1)) for row in listing.split()}
+    tenants = Tenant.objects.filter(slug__in=slugs).order_by("slug")
+    # sacctmgr keeps names in lower case, as slugs are
     missing = [
-        slug for slug in slugs if slug not in ready
-    ]  # sacctmgr keeps names in lower case, as slugs are
+        t for t in tenants if not {(t.slug, u) for u in tenant_identities(cluster=cluster, tenant=t)} <= pairs
+    ]
     started = time.monotonic()
-    for tenant_id in Tenant.objects.filter(slug__in=missing).values_list("pk", flat=True):
-        tenant_apply(tenant_id=tenant_id, cluster_id=cluster.pk)
+    for tenant in missing:
+        for identity in tenant_identities(cluster=cluster, tenant=tenant):
+            testbed_identity(identity)
+        tenant_apply(tenant_id=tenant.pk, cluster_id=cluster.pk)
     print(
         f"Slurm accounts: {len(slugs) - len(missing)} of the load's {len(slugs)} tenants had one; "
         f"{len(missing)} applied on {cluster.slug} in {time.monotonic() - started:.1f} s"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import subprocess
 import threading
 import urllib.parse
 from dataclasses import dataclass, field
@@ -65,10 +66,18 @@ def _run(config: ClusterConfig, argv: list[str], stdin: str | None = None) -> st
     return result.stdout
 
 
-def slurm_token(config: ClusterConfig, lifespan_s: int) -> str:
-    """A JWT for the cluster's SSH user, asked for as that user over SSH (`scontrol token`), as a
-    site's client without root would. The token is a secret: callers must not print it."""
-    out = _run(config, ["scontrol", "token", f"lifespan={int(lifespan_s)}"]).strip()
+def slurm_token(user: str, lifespan_s: int) -> str:
+    """A JWT for a job identity, asked for as that user (`scontrol token`), as a researcher on the
+    login node would: the testbed is this machine, and the identity has no SSH login. The portal's
+    service user may submit no job, so its own token would be no peer. A secret: never printed."""
+    argv = ["runuser", "-u", user, "--", "scontrol", "token", f"lifespan={int(lifespan_s)}"]
+    try:
+        out = subprocess.run(
+            argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise PeerError(f"scontrol token as {user} failed: {type(exc).__name__}") from None
+    out = out.strip()
     if not out.startswith("SLURM_JWT="):
         raise PeerError("scontrol token answered no SLURM_JWT=… line")
     return out.removeprefix("SLURM_JWT=")
@@ -224,7 +233,7 @@ class SlurmRestd:
             base_url=env["SLURMRESTD_URL"],
             api=env["SLURMRESTD_API"],
             user=env["SLURMRESTD_USER"],
-            token=slurm_token(config, lifespan_s),
+            token=slurm_token(env["SLURMRESTD_USER"], lifespan_s),
             account=env["SLURM_TESTBED_ACCOUNT"],
             partition=partition,
             gres=f"gpu:{gres_type}:1",
@@ -233,18 +242,21 @@ class SlurmRestd:
 
 @dataclass
 class SbatchOverSsh:
-    """sbatch on the cluster's login node through the portal's pooled SSH connection, as the
-    portal's Celery worker submits (clusters/backends/slurm/backend.py), less its mkdir."""
+    """sbatch on the cluster's login node through the portal's pooled SSH connection and its
+    sudoers rule, as the job identity, as the portal's Celery worker submits
+    (clusters/backends/slurm/backend.py), less its mkdir."""
 
     config: ClusterConfig
     account: str
     partition: str
     gres: str
+    user: str  # the job identity of the account
 
     def submit(self, name: str) -> str:
         out = _run(
             self.config,
             [
+                *("sudo", "-n", "-u", self.user, "--"),
                 "sbatch",
                 "--parsable",
                 f"--job-name={name}",
@@ -284,4 +296,5 @@ class SbatchOverSsh:
             account=env["SLURM_TESTBED_ACCOUNT"],
             partition=partition,
             gres=f"gpu:{gres_type}:1",
+            user=env["SLURM_TESTBED_IDENTITY"],
         )

@@ -27,7 +27,9 @@ def rest(env, config):
 def test_the_env_file_names_slurmrestd(env):
     assert env["SLURMRESTD_URL"] == "http://127.0.0.1:6830"
     assert env["SLURMRESTD_API"] == "v0.0.38"
-    assert env["SLURMRESTD_USER"] == env["SLURM_TESTBED_USER"]
+    assert (
+        env["SLURMRESTD_USER"] == env["SLURM_TESTBED_IDENTITY"]
+    )  # a job identity: the portal's user submits nothing
 
 
 def test_ping_with_a_token_reaches_slurmctld(rest):
@@ -59,7 +61,7 @@ def test_submit_get_list_and_cancel_a_job(rest, env, config):
         assert job["job_state"] == "PENDING"
         assert job["state_reason"] == "BeginTime"  # 30 days ahead: it never takes the testbed's GPUs
         assert job["account"] == env["SLURM_TESTBED_ACCOUNT"]
-        assert job["user_name"] == env["SLURM_TESTBED_USER"]
+        assert job["user_name"] == env["SLURM_TESTBED_IDENTITY"]
         assert "gres/gpu=1" in job["tres_req_str"]
         assert job_id in {str(j["job_id"]) for j in rest.list_jobs()}
         rest.cancel(job_id)
