@@ -18,7 +18,7 @@ from django.contrib.auth.models import Permission
 from django.db.models import Model
 from django.utils import timezone
 
-from clusters.models import Cluster, Partition, Scenario, ScenarioGpu
+from clusters.models import Cluster, ClusterKind, JobIdentity, Partition, Scenario, ScenarioGpu
 from jobs.models import Job, JobEvent, JobState, Priority, new_token
 from jobs.seeding import timelines
 from jobs.seeding.db import SeedError, copy_dicts, copy_rows, reserve_ids
@@ -422,6 +422,13 @@ class SiteSeeder:
         env = {pk: json.dumps(scenario.env) for pk, scenario in self.scenarios.items()}
         events: list[tuple] = []
 
+        # each tenant's jobs run as its cluster account: the cluster's template (tenant mode)
+        identities = {
+            tenant.id: self.cluster.tenant_identity_template.format(tenant=tenant.slug)
+            for tenant in self.tenants
+            if self.cluster.kind == ClusterKind.SLURM and self.cluster.job_identity == JobIdentity.TENANT
+        }
+
         def rows() -> Iterator[dict]:
             backend_id = timelines.FAKE_BACKEND_ID_BASE
             for job_id, job in zip(job_ids, self.jobs, strict=True):
@@ -462,6 +469,7 @@ class SiteSeeder:
                     "env": env[scenario.pk], "script": timelines.script_for(scenario.slug, job_id),
                     "template": "", "parameters": "{}", "state": tl.state, "reason": tl.reason,
                     "raw_state": tl.raw_state, "backend_id": str(backend_id) if tl.submitted_at else "",
+                    "cluster_user": identities.get(job.tenant.id, ""),
                     "node_list": timelines.node_list(job.nodes) if tl.started_at else "",
                     "created": tl.created, "submitted_at": tl.submitted_at, "started_at": tl.started_at,
                     "finished_at": tl.finished_at, "exit_code": tl.exit_code, "gpu_hours": used,
