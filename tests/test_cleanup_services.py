@@ -345,15 +345,16 @@ def test_orphans_are_reported_once_and_cancelled_when_the_setting_says(
     known.refresh_from_db()
     orphan_token = uuid.uuid4().hex
     orphan = backend.submit(spec(orphan_token, tenant.slug))  # started behind the portal's back
-    foreign = backend.submit(
-        spec(f"users-own-{uuid.uuid4().hex[:8]}", tenant.slug)
-    )  # no portal token: not ours to judge
+    # No portal token, under the tenant's account: an orphan too (a job the portal did not submit
+    # would burn the tenant's quota unseen).
+    foreign = backend.submit(spec(f"users-own-{uuid.uuid4().hex[:8]}", tenant.slug))
     elsewhere = backend.submit(spec(uuid.uuid4().hex, "not-a-tenant"))
     try:
         audits = AuditEvent.objects.count()
         dry = orphans_find(dry_run=True)
         found = {row["backend_id"]: row for row in dry.orphans}
-        assert orphan in found and {foreign, elsewhere, known.backend_id}.isdisjoint(found)
+        assert {orphan, foreign} <= found.keys() and {elsewhere, known.backend_id}.isdisjoint(found)
+        assert found[foreign]["known"] == ""  # no portal job carries its token
         row = found[orphan]
         assert (row["cluster"], row["account"], row["token"], row["known"]) == (
             "cleanup-local",
@@ -385,11 +386,15 @@ def test_orphans_are_reported_once_and_cancelled_when_the_setting_says(
         )
         settings.ORPHAN_CANCEL = True
         report = orphans_find()
-        cancelled = {f"cleanup-local:{orphan}", f"cleanup-local:{known.backend_id}"}
+        cancelled = {
+            f"cleanup-local:{orphan}",
+            f"cleanup-local:{foreign}",
+            f"cleanup-local:{known.backend_id}",
+        }
         assert cancelled <= set(report.cancelled)
         assert {row["known"] for row in report.orphans if row["backend_id"] == known.backend_id} == {"LOST"}
         assert backend.poll([orphan])[orphan].state == "CANCELLED"
-        assert backend.poll([foreign])[foreign].state in ("RUNNING", "PENDING")
+        assert backend.poll([foreign])[foreign].state == "CANCELLED"
         assert AuditEvent.objects.get(action="job.orphan", data__backend_id=orphan, data__cancelled=True)
     finally:
         for backend_id in (orphan, foreign, elsewhere):

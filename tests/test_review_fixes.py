@@ -163,6 +163,8 @@ def test_the_console_hands_a_tenant_from_one_owner_to_another_in_one_save(client
         "slug": tenant.slug, "name": tenant.name, "tier": tenant.tier, "state": "active", "contact_email": "",
         "memberships-TOTAL_FORMS": "2", "memberships-INITIAL_FORMS": "2",
         "memberships-MIN_NUM_FORMS": "0", "memberships-MAX_NUM_FORMS": "1000",
+        "cluster_accounts-TOTAL_FORMS": "0", "cluster_accounts-INITIAL_FORMS": "0",
+        "cluster_accounts-MIN_NUM_FORMS": "0", "cluster_accounts-MAX_NUM_FORMS": "1000",
         "memberships-0-id": str(rows["owner"].pk), "memberships-0-tenant": str(tenant.pk), "memberships-0-role": "manager",
         "memberships-1-id": str(rows["heir"].pk), "memberships-1-tenant": str(tenant.pk), "memberships-1-role": "owner",
     }  # fmt: skip

@@ -90,6 +90,8 @@ def test_member_inline_goes_through_the_services(admin_client, tenant, owner):
         "slug": tenant.slug, "name": tenant.name, "tier": "high", "state": "active", "contact_email": "",
         "memberships-TOTAL_FORMS": "2", "memberships-INITIAL_FORMS": "1",
         "memberships-MIN_NUM_FORMS": "0", "memberships-MAX_NUM_FORMS": "1000",
+        "cluster_accounts-TOTAL_FORMS": "0", "cluster_accounts-INITIAL_FORMS": "0",
+        "cluster_accounts-MIN_NUM_FORMS": "0", "cluster_accounts-MAX_NUM_FORMS": "1000",
         "memberships-0-id": str(owner_row.pk), "memberships-0-tenant": str(tenant.pk), "memberships-0-role": "owner",
         "memberships-1-id": "", "memberships-1-tenant": str(tenant.pk), "memberships-1-user": str(newbie.pk),
         "memberships-1-role": "manager",
@@ -107,6 +109,8 @@ def test_the_console_keeps_the_last_owner(admin_client, tenant, owner):
         "slug": tenant.slug, "name": tenant.name, "tier": tenant.tier, "state": "active", "contact_email": "",
         "memberships-TOTAL_FORMS": "1", "memberships-INITIAL_FORMS": "1",
         "memberships-MIN_NUM_FORMS": "0", "memberships-MAX_NUM_FORMS": "1000",
+        "cluster_accounts-TOTAL_FORMS": "0", "cluster_accounts-INITIAL_FORMS": "0",
+        "cluster_accounts-MIN_NUM_FORMS": "0", "cluster_accounts-MAX_NUM_FORMS": "1000",
         "memberships-0-id": str(owner_row.pk), "memberships-0-tenant": str(tenant.pk), "memberships-0-role": "viewer",
     }  # fmt: skip
     response = admin_client.post(f"/admin/tenants/tenant/{tenant.pk}/change/", data)
