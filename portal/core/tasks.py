@@ -2,7 +2,6 @@ import time
 
 from celery import shared_task
 from django.conf import settings
-from django.contrib.auth.forms import PasswordResetForm
 from django.core.cache import cache
 from django.utils import translation
 
@@ -29,6 +28,10 @@ def send_password_reset(*, email: str, domain: str, use_https: bool) -> None:
     The page that asked answered before this ran (portal.core.accounts.PasswordResetView), so
     neither its content nor its timing depends on whether the address has an account. The
     link names the host the request came to; the mail is in the site's MAIL_LANGUAGE."""
+    # Imported here: this module is imported before apps are loaded (a client that only sends
+    # ping), and auth's forms import its models.
+    from django.contrib.auth.forms import PasswordResetForm
+
     form = PasswordResetForm({"email": email})
     if not form.is_valid():
         return
