@@ -50,7 +50,7 @@ def _slurm_cluster(port: int) -> Cluster:
     slug = f"hung-{uuid.uuid4().hex[:8]}"
     return Cluster.objects.create(
         slug=slug, name=slug, kind="slurm", ssh_host="127.0.0.1", ssh_port=port, ssh_user="gpuportal",
-        ssh_private_key=text.getvalue(), healthy=True,
+        ssh_private_key=text.getvalue(), healthy=True, scratch_root="/srv/portal-jobs",
         ssh_known_hosts=f"[127.0.0.1]:{port} {host_key.get_name()} {host_key.get_base64()}\n",
     )  # fmt: skip
 
