@@ -1,5 +1,5 @@
 """A cluster's circuit breaker and worker slots, held in the cache so that every worker process
-(and every machine on the same Redis) sees the same (docs/architecture-notes/cluster-stall.md).
+(and every machine on the same Redis) sees the same (docs/architecture/cluster-stall.md).
 
 Breaker: CLUSTER_BREAKER_FAILURES consecutive failures to reach a cluster open it for a
 cool-off that doubles with each failed probe, up to CLUSTER_BREAKER_COOLOFF_MAX_S. While it is
@@ -19,6 +19,8 @@ slot: an extra call, never a lost job.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,6 +31,8 @@ from django.conf import settings
 from django.core.cache import cache
 
 from clusters.backends.base import BackendUnavailable
+
+_HOST = socket.gethostname()  # a slot's owner: host, pid and a nonce
 
 # Why a job waits while its cluster's breaker is open (Job.reason).
 REASON_UNAVAILABLE = "cluster_unavailable"
@@ -135,19 +139,43 @@ def breaker_probe_release(*, cluster_id: int) -> None:
 def cluster_slot(*, cluster_id: int, hold_s: float) -> Iterator[bool]:
     """One of the cluster's CLUSTER_WORKER_SLOTS for a dispatch or a poll: yields whether one
     was free. A slot outlives a worker killed while holding it by hold_s at most, which the
-    caller sets to its task's hard limit."""
-    owner = uuid.uuid4().hex
-    taken = next(
-        (
-            key
-            for number in range(settings.CLUSTER_WORKER_SLOTS)
-            if cache.add(key := _key(cluster_id, f"slot{number}"), owner, timeout=max(1, int(hold_s)))
-        ),
-        None,
-    )
+    caller sets to its task's hard limit; sooner when the killed worker ran on this machine: a
+    slot whose owner's process is gone here is taken back (an OOM-killed worker must not hold
+    the cluster's dispatch for minutes)."""
+    owner = f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex}"
+    keys = [_key(cluster_id, f"slot{number}") for number in range(settings.CLUSTER_WORKER_SLOTS)]
+    timeout = max(1, int(hold_s))
+    taken = next((key for key in keys if cache.add(key, owner, timeout=timeout)), None)
+    if taken is None and _reclaim_dead(keys):
+        taken = next((key for key in keys if cache.add(key, owner, timeout=timeout)), None)
     try:
         yield taken is not None
     finally:
         # Only ours: past hold_s another caller may hold the same slot.
         if taken is not None and cache.get(taken) == owner:
             cache.delete(taken)
+
+
+def _reclaim_dead(keys: list[str]) -> bool:
+    """Free the slots held by a process of this machine that no longer exists; whether any was.
+    (Between the read and the delete the slot may change hands: then one extra call, as with the
+    file cache, never a lost job.)"""
+    freed = False
+    for key in keys:
+        holder = cache.get(key)
+        host, _sep, rest = str(holder or "").partition(":")
+        pid = rest.partition(":")[0]
+        if host == _HOST and pid.isdigit() and not _alive(int(pid)) and cache.get(key) == holder:
+            cache.delete(key)
+            freed = True
+    return freed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True

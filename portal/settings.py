@@ -180,7 +180,7 @@ AUTHENTICATION_BACKENDS = [
     "guardian.backends.ObjectPermissionBackend",
 ]
 ANONYMOUS_USER_NAME = None  # guardian: no anonymous user row; anonymous callers get nothing
-# --- Login lockout (portal/core/lockout.py; docs/architecture-notes/web-hardening.md): failures
+# --- Login lockout (portal/core/lockout.py; docs/architecture/web-hardening.md): failures
 # within the cool-off, per username and address, per username, per address.
 LOGIN_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1)
 LOGIN_ACCOUNT_FAILURE_LIMIT = env_int("LOGIN_ACCOUNT_FAILURE_LIMIT", 50, minimum=1)
@@ -229,7 +229,7 @@ FAIR_SHARE_HALF_LIFE_DAYS = env_int("FAIR_SHARE_HALF_LIFE_DAYS", 7, minimum=1)
 LOCAL_CLUSTER_GPUS = env_int("LOCAL_CLUSTER_GPUS", 4, minimum=0, maximum=64)
 # The local cluster reads its GPUs' utilization (idle GPUs) with this nvidia-smi.
 LOCAL_NVIDIA_SMI = env_str("LOCAL_NVIDIA_SMI", "nvidia-smi")
-# The local cluster's job sandbox (docs/architecture-notes/local-sandbox.md): bubblewrap, the
+# The local cluster's job sandbox (docs/architecture/local-sandbox.md): bubblewrap, the
 # host's network or none, the uids of tenants when the portal runs as root, more read-only
 # paths. Where no sandbox can be made the cluster serves one tenant only: LOCAL_CLUSTER_TENANT
 # names it (it also restricts a sandboxed cluster to that tenant).
@@ -241,7 +241,7 @@ LOCAL_SANDBOX_RO_PATHS = env_list("LOCAL_SANDBOX_RO_PATHS", [])
 LOCAL_CLUSTER_TENANT = env_str("LOCAL_CLUSTER_TENANT", "")
 JOB_LOG_MAX_BYTES = env_int("JOB_LOG_MAX_BYTES", 1_000_000, minimum=1000)
 
-# --- One slow cluster stalls no other (clusters/breaker.py, docs/architecture-notes/cluster-stall.md):
+# --- One slow cluster stalls no other (clusters/breaker.py, docs/architecture/cluster-stall.md):
 # after this many consecutive failures to reach a cluster, dispatch and poll skip it for a
 # cool-off that doubles with each failed probe up to the cap; and at most this many dispatches
 # and polls of one cluster hold a worker at once.

@@ -1,4 +1,4 @@
-"""One slow cluster cannot stall the others (clusters/breaker.py, docs/architecture-notes/cluster-stall.md).
+"""One slow cluster cannot stall the others (clusters/breaker.py, docs/architecture/cluster-stall.md).
 
 The stalled cluster is a Slurm cluster whose login node is a loopback TCP server that accepts
 and never answers (the SSH banner never comes), with a known_hosts entry and a key, exactly as
@@ -9,6 +9,8 @@ the queue before the healthy cluster's. Then the stalled cluster is replaced by 
 (the Slurm testbed is not this test's to use: a local cluster in its place) and its jobs go on."""
 
 import io
+import os
+import subprocess
 import time
 import uuid
 from datetime import timedelta
@@ -17,6 +19,7 @@ from decimal import Decimal
 import paramiko
 import pytest
 from django.conf import settings
+from django.core.cache import cache
 from django.db.models import Count
 from django.utils import timezone
 
@@ -264,6 +267,33 @@ def test_a_cluster_never_holds_more_than_its_worker_slots(db, settings):
         assert four  # slots are per cluster
     with slot(cluster.pk) as again:
         assert again  # given back
+
+
+def test_a_slot_left_by_a_worker_killed_on_this_machine_is_taken_back(db, settings):
+    """A worker SIGKILLed mid-dispatch (the OOM killer) leaves its slot behind: another process on
+    the same machine takes it back at once instead of waiting out the slot's hold; a slot whose
+    holder lives stays taken."""
+    settings.CLUSTER_WORKER_SLOTS = 1
+    cluster = _local_cluster()
+    key = breaker._key(cluster.pk, "slot0")
+    alive = subprocess.Popen(["sleep", "60"])
+    dead = subprocess.Popen(["true"])
+    dead.wait(timeout=10)
+    try:
+        # what each one's cluster_slot would have written: host, pid, nonce
+        cache.set(key, f"{breaker._HOST}:{alive.pid}:x", timeout=600)
+        with cluster_slot(cluster_id=cluster.pk, hold_s=600) as free:
+            assert not free  # its holder runs: not taken back
+        cache.set(key, f"{breaker._HOST}:{dead.pid}:x", timeout=600)
+        with cluster_slot(cluster_id=cluster.pk, hold_s=600) as free:
+            assert free and cache.get(key).startswith(f"{breaker._HOST}:{os.getpid()}:")
+        cache.set(key, f"another-host:{dead.pid}:x", timeout=600)
+        with cluster_slot(cluster_id=cluster.pk, hold_s=600) as free:
+            assert not free  # another machine's process: its liveness is not ours to judge
+    finally:
+        alive.kill()
+        alive.wait(timeout=10)
+        cache.delete(key)
 
 
 @pytest.mark.parametrize("banner", [b"", b"SSH-2.0-OpenSSH_9.2\r\n"], ids=["silent", "banner-only"])

@@ -142,7 +142,7 @@ class StallingServer:
 def _fake_cluster(slug: str, port: int, gpu_model, key: str) -> Cluster:
     cluster = Cluster.objects.create(
         slug=slug, name=slug, kind="slurm", ssh_host="127.0.0.1", ssh_port=port, ssh_user="gpuportal",
-        ssh_private_key=key, healthy=True,
+        ssh_private_key=key, healthy=True, scratch_root="/srv/portal-jobs",
     )  # fmt: skip
     Partition.objects.create(
         cluster=cluster, name="a100", gpu_model=gpu_model, gpus_per_node=4, nodes=1, max_walltime_minutes=60,

@@ -1,5 +1,5 @@
 """The local cluster's sandbox: every job in a bubblewrap (bwrap) sandbox of its own
-(docs/architecture-notes/local-sandbox.md).
+(docs/architecture/local-sandbox.md).
 
 What a job sees:
 

@@ -87,7 +87,7 @@ def jobs_dispatch(*, job_id: int, retry: bool = False, batch: int = DISPATCH_BAT
     cluster = Cluster.objects.filter(jobs=job_id).first()
     if cluster is None:
         return 0
-    # --- Cluster stall guard (clusters/breaker.py, docs/architecture-notes/cluster-stall.md): a
+    # --- Cluster stall guard (clusters/breaker.py, docs/architecture/cluster-stall.md): a
     # cluster whose breaker is open holds its jobs at once, in the database; one whose worker
     # slots are all taken sends the message back for later (ClusterBusy is retried), so that a
     # cluster that hangs holds CLUSTER_WORKER_SLOTS workers at most.

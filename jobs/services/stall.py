@@ -1,4 +1,4 @@
-"""Jobs of a cluster that does not answer (clusters/breaker.py, docs/architecture-notes/cluster-stall.md):
+"""Jobs of a cluster that does not answer (clusters/breaker.py, docs/architecture/cluster-stall.md):
 they wait in the database with a reason while its breaker is open, and go again when it closes."""
 
 from django.db.models import Q

@@ -1,5 +1,5 @@
 """What staff may do across tenants: the one definition that the API, the pages and the admin
-console all ask (docs/architecture-notes/staff-roles.md).
+console all ask (docs/architecture/staff-roles.md).
 
 `is_staff` opens the console's door and grants nothing else. Every power beyond a tenant
 member's comes from an explicit permission, held directly or through one of the documented
