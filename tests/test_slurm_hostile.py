@@ -197,3 +197,27 @@ def test_a_hostile_tenants_job_gets_through_none_of_the_attacks(testbed, catalog
     assert backend.find_many([victim_ref]) == {victim_job.token: victim_job.backend_id}
     orphans = {row["backend_id"] for row in orphans_find(dry_run=True).orphans}
     assert {*forged, *tokenless} <= orphans and victim_job.backend_id not in orphans
+
+
+def test_the_portal_user_runs_no_job_and_acts_as_no_one_outside_the_job_identities(testbed):
+    """The service user's own powers, tried over its own SSH path: it may submit no job as itself
+    (MaxSubmitJobs=0 on its association), and its sudoers rule lets it act only as members of
+    the job identities' group, and only through the listed programs."""
+    backend, env = backend_of(testbed), testbed_env()
+    identity = env["SLURM_TESTBED_IDENTITY"]
+    own = ["sbatch", "--parsable", f"--account={env['SLURM_TESTBED_PARENT_ACCOUNT']}", "--partition=h100",
+           "--gres=gpu:h100:1", "--time=1", "--chdir=/tmp", "--output=/dev/null"]  # fmt: skip
+    refused = backend.run(own, stdin="#!/bin/sh\ntrue\n")
+    assert refused.rc != 0 and "AssocMaxSubmitJobLimit" in refused.stderr + refused.stdout, refused
+    for user in ("root", "slurmrestd", env["SLURM_TESTBED_USER"]):
+        result = backend.run(["sudo", "-n", "-u", user, "--", "tail", "-c", "0", "/dev/null"])
+        assert result.rc != 0, (user, result)
+    for program in (["id"], ["sh", "-c", "true"], ["cat", "/dev/null"], ["sacctmgr", "show", "user"]):
+        result = backend.run(["sudo", "-n", "-u", identity, "--", *program])
+        assert result.rc != 0, (program, result)
+    assert backend.run(["sudo", "-n", "-u", identity, "--", "tail", "-c", "0", "/dev/null"]).rc == 0
+    assert backend.identities_check([identity, "root", "no-such-identity"]) == {
+        identity: "",
+        "root": "jobs never run as 'root': give the tenant a cluster identity of its own",
+        "no-such-identity": "no user no-such-identity on the login node",
+    }
