@@ -1,3 +1,6 @@
+from string import Formatter
+
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, URLValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -106,13 +109,19 @@ class JobIdentity(models.TextChoices):
 
 
 def validate_identity_template(value: str) -> None:
-    from django.core.exceptions import ValidationError
-
+    """Plain text around exactly one bare {tenant}: two tenants never map to one name (a template
+    without {tenant}, or with {tenant:.3}, would give several tenants the same account)."""
     try:
-        name = value.format(tenant="a")
-    except (KeyError, IndexError, ValueError) as exc:
+        fields = [
+            (name, spec, conversion)
+            for _text, name, spec, conversion in Formatter().parse(value)
+            if name is not None
+        ]
+    except ValueError as exc:
         raise ValidationError(_("Use {tenant} and plain text only.")) from exc
-    cluster_username_validator(name)
+    if fields != [("tenant", "", None)]:
+        raise ValidationError(_("Use {tenant} exactly once, with plain text around it."))
+    cluster_username_validator(value.format(tenant="a"))
 
 
 class Cluster(models.Model):
@@ -187,6 +196,14 @@ class Cluster(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        """A Slurm cluster keeps its jobs' files under an absolute scratch root shared by the login
+        and compute nodes: never the service user's home, which no job may reach."""
+        super().clean()
+        root = self.scratch_root.rstrip("/")
+        if self.kind == ClusterKind.SLURM and (not root.startswith("/") or "/../" in f"{root}/"):
+            raise ValidationError({"scratch_root": _("A Slurm cluster needs an absolute path without '..'.")})
 
 
 class IdentityCheck(models.Model):

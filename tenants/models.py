@@ -125,6 +125,16 @@ class Profile(models.Model):
         help_text=_("The researcher's POSIX user name on the clusters whose jobs run as their submitter"),
     )
 
+    class Meta:
+        constraints = [
+            # two researchers never share one identity: their jobs and files would be one
+            models.UniqueConstraint(
+                fields=["cluster_username"],
+                condition=~Q(cluster_username=""),
+                name="profile_cluster_username_once",
+            )
+        ]
+
     def __str__(self) -> str:
         return f"profile of {self.user_id}"
 

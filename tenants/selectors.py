@@ -195,16 +195,63 @@ def tenant_manager_emails(*, tenant: Tenant) -> list[str]:
 
 def job_identity_of(*, cluster: Cluster, tenant: Tenant, user: AbstractBaseUser | None) -> str | None:
     """The POSIX identity a job of `user` in `tenant` runs as on `cluster`: "" where the cluster
-    kind has none (Kubernetes, local), the tenant's cluster account (its own setting, else the
-    cluster's template), or the user's own cluster username; None when there is none to use."""
+    kind has none (Kubernetes, local), the tenant's cluster account (tenants_identities), or the
+    user's own cluster username; None when there is none to use."""
     if cluster.kind != ClusterKind.SLURM:
         return ""
     if cluster.job_identity == JobIdentity.USER:
         name = Profile.objects.filter(user=user).values_list("cluster_username", flat=True).first() or ""
+        return name if _usable(cluster, name) else None
+    return (_tenant_accounts(cluster=cluster, tenants=[tenant]).get(tenant.pk) or [None])[0]
+
+
+def tenant_identities(*, cluster: Cluster, tenant: Tenant) -> list[str]:
+    """Every identity the tenant's jobs may run as on the cluster: the one account of the
+    tenant's, or its members' own cluster usernames. [] where the kind has none."""
+    return tenants_identities(cluster=cluster, tenants=[tenant])[tenant.pk]
+
+
+def tenants_identities(*, cluster: Cluster, tenants: list[Tenant]) -> dict[int, list[str]]:
+    """tenant_identities for many tenants in two queries at most, whatever their number."""
+    found: dict[int, set[str]] = {tenant.pk: set() for tenant in tenants}
+    if cluster.kind != ClusterKind.SLURM:
+        return {pk: [] for pk in found}
+    if cluster.job_identity == JobIdentity.USER:
+        rows = Membership.objects.filter(tenant__in=found, user__profile__isnull=False).exclude(
+            user__profile__cluster_username=""
+        )
+        for tenant_id, name in rows.values_list("tenant_id", "user__profile__cluster_username"):
+            found[tenant_id].add(name)
     else:
-        own = ClusterAccount.objects.filter(tenant=tenant, cluster=cluster)
-        name = own.values_list("username", flat=True).first() or _from_template(cluster, tenant)
-    return name if name and name not in {"root", cluster.ssh_user} else None
+        for tenant_id, names in _tenant_accounts(cluster=cluster, tenants=tenants).items():
+            found[tenant_id].update(names)
+    return {pk: sorted(name for name in names if _usable(cluster, name)) for pk, names in found.items()}
+
+
+def _tenant_accounts(*, cluster: Cluster, tenants: list[Tenant]) -> dict[int, list[str]]:
+    """Per tenant its cluster account on a per-tenant cluster ([] when it has none): its own
+    setting (unique per cluster), else the cluster's template, unless another tenant's own
+    setting already names the template's result: two tenants never share one identity."""
+    own = dict(
+        ClusterAccount.objects.filter(cluster=cluster, tenant__in=tenants).values_list(
+            "tenant_id", "username"
+        )
+    )
+    templated = {tenant.pk: _from_template(cluster, tenant) for tenant in tenants if tenant.pk not in own}
+    claimed = set(
+        ClusterAccount.objects.filter(
+            cluster=cluster, username__in=set(templated.values()) - {""}
+        ).values_list("username", flat=True)
+    )
+    names = own | {pk: name for pk, name in templated.items() if name not in claimed}
+    return {
+        tenant.pk: [names[tenant.pk]] if _usable(cluster, names.get(tenant.pk, "")) else []
+        for tenant in tenants
+    }
+
+
+def _usable(cluster: Cluster, name: str) -> bool:
+    return bool(name) and name not in {"root", cluster.ssh_user}
 
 
 def _from_template(cluster: Cluster, tenant: Tenant) -> str:
@@ -214,19 +261,6 @@ def _from_template(cluster: Cluster, tenant: Tenant) -> str:
     except (KeyError, IndexError, ValueError, ValidationError):
         return ""  # a slug too long for the template: the tenant needs a cluster account of its own
     return name
-
-
-def tenant_identities(*, cluster: Cluster, tenant: Tenant) -> list[str]:
-    """Every identity the tenant's jobs may run as on the cluster: the one account of the
-    tenant's, or its members' own cluster usernames. [] where the kind has none."""
-    if cluster.kind != ClusterKind.SLURM:
-        return []
-    if cluster.job_identity == JobIdentity.USER:
-        names = Profile.objects.filter(user__memberships__tenant=tenant).exclude(cluster_username="")
-        found = set(names.values_list("cluster_username", flat=True))
-    else:
-        found = {job_identity_of(cluster=cluster, tenant=tenant, user=None)}
-    return sorted(name for name in found if name and name not in {"root", cluster.ssh_user})
 
 
 def tenant_identity_rows(*, tenant: Tenant) -> list[dict]:

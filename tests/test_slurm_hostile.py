@@ -34,10 +34,12 @@ ATTACK = r"""#!/bin/bash
 #SBATCH --account={victim_account}
 #SBATCH --output=/tmp/hostile-{marker}.out
 try() {{ name=$1; shift; "$@" >/dev/null 2>&1; echo "ATTEMPT $name rc=$?"; }}
-try read-log cat {victim_log}
+show() {{ name=$1; shift; "$@" 2>&1; echo "ATTEMPT $name rc=$?"; }}  # what it got goes to its own log
+show read-log cat {victim_log}
 try overwrite-log sh -c 'echo pwned >> {victim_log}'
 try plant-file sh -c 'echo pwned > {victim_dir}/planted'
-try list-victim-tree ls {victim_dir}
+show list-victim-tree ls -la {victim_dir}
+try squat-a-tree mkdir {scratch}/pt-squat-{marker}
 try cancel scancel {victim_job}
 try submit-as-victim sbatch --account={victim_account} --partition=h100 --gres=gpu:h100:1 --time=2 \
     --chdir=/tmp --output=/dev/null --wrap 'sleep 100'
@@ -140,6 +142,7 @@ def test_a_hostile_tenants_job_gets_through_none_of_the_attacks(testbed, catalog
         victim_account=victim.slug, own_account=hostile.slug, victim_log=shlex.quote(str(victim_log)),
         victim_dir=shlex.quote(str(victim_dir)), victim_job=victim_job.backend_id,
         victim_token=victim_job.token, planted_key=PLANTED_KEY, marker=marker,
+        scratch=shlex.quote(env["SLURM_TESTBED_SCRATCH"]),
     )  # fmt: skip
     hostile_job = submitted(testbed, catalog, hostile, hostile_user, attack)
     backend = backend_of(testbed)
@@ -154,7 +157,8 @@ def test_a_hostile_tenants_job_gets_through_none_of_the_attacks(testbed, catalog
     log = "\n".join(job_log_tail(job=Job.objects.get(pk=hostile_job.pk), lines=100).lines)
     assert ended.state == "COMPLETED" and f"DONE as pt-{hostile.slug}" in log, log
     attempts = dict(line.split()[1:3] for line in log.splitlines() if line.startswith("ATTEMPT"))
-    assert len(attempts) == 11, log  # every attack ran
+    assert len(attempts) == 12, log  # every attack ran
+    assert "rc=127" not in attempts.values(), log  # and each program was there to try it with
 
     # Identities: each tenant's job ran as its own identity, neither as root nor as the portal's user.
     victim_record, hostile_record = scontrol(victim_job.backend_id), scontrol(hostile_job.backend_id)
@@ -170,6 +174,9 @@ def test_a_hostile_tenants_job_gets_through_none_of_the_attacks(testbed, catalog
         assert attempts[name] != "rc=0", (name, log)
     assert victim_log.read_bytes().startswith(victim_log_before) and b"pwned" not in victim_log.read_bytes()
     assert not (victim_dir / "planted").exists()
+    # Squat: the scratch root takes no new tree from a job (another identity's would be refused).
+    assert attempts["squat-a-tree"] != "rc=0"
+    assert not (Path(env["SLURM_TESTBED_SCRATCH"]) / f"pt-squat-{marker}").exists()
     assert f"victim-secret-{marker}" not in log
     # Cancel: the victim's job still runs.
     assert attempts["cancel"] != "rc=0"
@@ -184,7 +191,9 @@ def test_a_hostile_tenants_job_gets_through_none_of_the_attacks(testbed, catalog
     assert attempts["plant-ssh-key"] != "rc=0"
     assert (authorized_keys / "authorized_keys").read_bytes() == keys_before
     # Read tokens: squeue (PrivateData=jobs) shows it only its own jobs, never the victim's token.
-    assert "SEEN victim-token 0" in log
+    seen = (Path(hostile_record["WorkDir"]) / "seen-queue.txt").read_text()  # read as root
+    assert attempts["read-tokens"] == "rc=0" and hostile_job.backend_id in seen, seen
+    assert victim_job.token not in seen and victim_job.backend_id not in seen and "SEEN victim-token 0" in log
 
     # Forge a token, and run a job the portal did not submit: both go through (they are its own
     # account's), but neither is adopted as the victim's job, and both are reported as orphans.

@@ -37,7 +37,7 @@ from jobs.states import ACTIVE_IN_SCHEDULER, END_STATES
 from portal.core.models import AuditEvent
 from portal.core.services import audit_record
 from tenants.models import QuotaGrant, Tenant, TenantState
-from tenants.selectors import tenant_identities
+from tenants.selectors import tenants_identities
 
 log = logging.getLogger("jobs.cleanup")
 
@@ -397,7 +397,9 @@ def _owned(job, row, cluster: Cluster) -> bool:
     state, cluster_id, backend_id, account, cluster_user = row
     if state in END_STATES or cluster_id != cluster.pk:
         return False
-    if job.account.lower() != account.lower() or job.user != cluster_user:
+    # a job submitted before jobs ran as identities records none: it ran as the service user
+    ran_as = cluster_user or (cluster.ssh_user if cluster.kind == ClusterKind.SLURM else "")
+    if job.account.lower() != account.lower() or job.user != ran_as:
         return False
     return not backend_id or backend_id == job.backend_id
 
@@ -450,6 +452,7 @@ def scratch_purge(
     lock = "scratch" if tenant_id is None else f"scratch:{tenant_id}"
     for cluster in _clusters(lock, report, cluster_id):
         backend = backend_of(cluster)
+        identities = tenants_identities(cluster=cluster, tenants=tenants[:MAX_TENANTS_PER_RUN])
         for tenant in tenants[:MAX_TENANTS_PER_RUN]:
             data = {"cluster": cluster.slug, "older_than_days": settings.SCRATCH_PURGE_DAYS}
             try:
@@ -457,7 +460,7 @@ def scratch_purge(
                     tenant.slug,
                     older_than_days=settings.SCRATCH_PURGE_DAYS,
                     dry_run=report.dry_run,
-                    users=tuple(tenant_identities(cluster=cluster, tenant=tenant)),
+                    users=tuple(identities[tenant.pk]),
                 )
             except BackendUnavailable as exc:
                 report.unreachable.append(cluster.slug)
@@ -509,7 +512,8 @@ def retention_apply(*, dry_run: bool | None = None) -> RetentionReport:
         else:
             older_than_s = settings.JOB_LOG_RETENTION_DAYS * 86400
         backend = backend_of(cluster)
-        users = {tenant.slug: tenant_identities(cluster=cluster, tenant=tenant) for tenant in tenants}
+        identities = tenants_identities(cluster=cluster, tenants=tenants)
+        users = {tenant.slug: identities[tenant.pk] for tenant in tenants}
         deleted = _ask(
             report,
             cluster,

@@ -75,9 +75,10 @@ REST_PORT=6830
 REST_API=v0.0.38 # the newest OpenAPI plugin of Slurm 22.05 (slurmrestd -s list)
 JWT_KEY=$SLURM_ETC/jwt_hs256.key
 JOB_GROUP=portal-jobs
-# Jobs' directories: <scratch>/<identity>/<account>, each identity's own tree mode 0700. The root is
-# writable and searchable by all, listable by none, sticky: an identity makes its own tree there,
-# cannot see which others exist, and cannot remove them (the portal checks each tree's owner).
+# Jobs' directories: <scratch>/<identity>/<account>. The root is root's, searchable by all and
+# listable and writable by none (0711); each identity's tree <scratch>/<identity> (0700) is made
+# with the identity, by root, so that no identity can make (squat) another's; the portal refuses
+# a tree its identity does not own.
 SCRATCH=$SPOOL/portal-jobs
 IDENTITIES=(alpha:pt-alpha beta:pt-beta) # account:identity, made at every `up`
 SUDOERS=/etc/sudoers.d/gpuportal-testbed
@@ -233,7 +234,8 @@ ensure_user_and_keys() {
 }
 
 # -------------------------------------------------------- job identities --
-# identity NAME: a Unix user in $JOB_GROUP with a group of its own, no home, no login shell
+# identity NAME: a Unix user in $JOB_GROUP with a group of its own, no home, no login shell, and
+# its tree in the scratch root
 ensure_identity() {
     [[ $1 =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] || die "invalid identity name '$1'"
     getent group "$JOB_GROUP" >/dev/null || groupadd --system "$JOB_GROUP"
@@ -242,6 +244,8 @@ ensure_identity() {
             --groups "$JOB_GROUP" "$1" 2>/dev/null || id -u "$1" >/dev/null 2>&1 || die "useradd $1 failed"
     fi
     id -nG "$1" | tr ' ' '\n' | grep -qx "$JOB_GROUP" || usermod -aG "$JOB_GROUP" "$1"
+    install -d -m 0711 -o root -g root "$SCRATCH"
+    install -d -m 0700 -o "$1" -g "$1" "$SCRATCH/$1"
 }
 
 sudoers_text() {
@@ -262,7 +266,6 @@ ensure_identities() {
         visudo -c -q -f "$SUDOERS.tmp" || die "visudo rejects the generated $SUDOERS"
         mv -f "$SUDOERS.tmp" "$SUDOERS"
     fi
-    install -d -m 1733 -o root -g root "$SCRATCH"
 }
 
 # ------------------------------------------------------------------- munge --
@@ -507,9 +510,10 @@ all_up() {
     for d in "${DAEMONS[@]}"; do daemon_pid "$d" >/dev/null || return 1; done
     [[ -s $KEY_FILE && -s $KNOWN_HOSTS && -f $ENV_FILE && "$(cat "$ENV_FILE")" == "$(env_file_text)" ]] || return 1
     configs_current || return 1
-    [[ -f $SUDOERS && "$(cat "$SUDOERS")" == "$(sudoers_text)" && -d $SCRATCH ]] || return 1
+    [[ -f $SUDOERS && "$(cat "$SUDOERS")" == "$(sudoers_text)" && $(stat -c %a "$SCRATCH" 2>/dev/null) == 711 ]] ||
+        return 1
     local pair
-    for pair in "${IDENTITIES[@]}"; do id -u "${pair#*:}" >/dev/null 2>&1 || return 1; done
+    for pair in "${IDENTITIES[@]}"; do [[ -d $SCRATCH/${pair#*:} ]] || return 1; done
     ctld_ok && nodes_usable
 }
 

@@ -170,12 +170,14 @@ class KubernetesBackend:
         self.api.request(what, "POST", path("v1", "services", meta["namespace"]), body=service, allow=(409,))
 
     def find(self, token: str, *, account: str = "", user: str = "") -> str | None:
+        """The portal's Job of this token, in the tenant's namespace when `account` names it: a
+        Job of that name in another namespace is not the tenant's job."""
         name = job_name(token)
         jobs = self._list(
             "find Job", "jobs", set(), "batch/v1", labelSelector=f"{LABEL_TOKEN}={check_token(token)}"
         )
         for job in jobs:
-            if job["metadata"]["name"] == name:
+            if job["metadata"]["name"] == name and account in ("", job["metadata"]["namespace"]):
                 self._ensure_rendezvous(job)
                 return backend_id(job["metadata"]["namespace"], name)
         return None

@@ -94,19 +94,20 @@ def apply_tenant(backend: SlurmBackend, limits: TenantLimits) -> None:
             ["sacctmgr", "-i", "add", "user", f"name={','.join(missing)}", f"account={account}", *cluster]
         )
     if extra := sorted(present - users):
-        # refused by Slurm while such a user still has jobs under the account: BackendError
-        backend.check(
-            [
-                "sacctmgr",
-                "-i",
-                "delete",
-                "user",
-                "where",
-                f"name={','.join(extra)}",
-                f"account={account}",
-                *cluster,
-            ]
-        )
+        # Slurm refuses while such a user still has jobs under the account (the service user's
+        # association after an upgrade to identities, until its last job ends): the limits above
+        # hold already, so the account is applied; the next apply deletes it.
+        argv = ["sacctmgr", "-i", "delete", "user", "where", f"name={','.join(extra)}", f"account={account}"]
+        result = backend.run([*argv, *cluster])
+        if result.rc != 0:
+            if "job(s) active" not in result.message.lower():
+                raise ssh.failure(result)
+            logger.info(
+                "cluster %s: %s keep their association under %s until their jobs end",
+                backend.config.slug,
+                extra,
+                account,
+            )
 
 
 def _ensure_tiers(backend: SlurmBackend, qos: str) -> None:

@@ -114,6 +114,11 @@ class SlurmBackend:
             raise ssh.failure(result)
         return result.stdout
 
+    def _legacy_user(self, user: str) -> str:
+        """Whom a job ran as: a job submitted before jobs ran as identities has none recorded
+        and ran as the service user. Matching only: nothing ever runs as that user again."""
+        return user or self.config.ssh_user
+
     def _identity(self, user: str) -> str:
         """A job identity: a valid name that is neither root nor the portal's service user, so
         that no job ever runs as either (the sudoers rule refuses them too)."""
@@ -152,8 +157,8 @@ class SlurmBackend:
         BackendUnavailable for a transient refusal (sbatch exited: the job is not submitted, or
         find(token) will know); or None when the batch was cut off before that job's answer
         came (timeout, connection lost): it may or may not have been submitted. Raises
-        BackendUnavailable (or BackendError) when nothing could run: no connection, no home
-        directory, the directories not creatable."""
+        BackendUnavailable (or BackendError) when nothing could run: no connection, no
+        temporary file on the login node."""
         results: list[str | BackendError | None] = [None] * len(specs)
         parts: dict[str, tuple[int, str]] = {}  # token → (index in specs, its stdin lines)
         for index, spec in enumerate(specs):
@@ -236,20 +241,23 @@ class SlurmBackend:
         return self.find_many([JobRef(backend_id="", token=token, account=account, user=user)]).get(token)
 
     def find_many(self, jobs: list[JobRef]) -> dict[str, str]:
-        """The jobs submitted with these tokens, token → job id (the newest, should a token be
-        there twice), in one squeue and, for the tokens squeue does not know, one sacct, over the
-        jobs' accounts and identities. A scheduler job counts only when its token, account and
-        user are all the portal job's: another identity's job that copied a token (or a job
-        submitted by hand under the tenant's account) is never adopted. A token left out is
-        unknown to both."""
+        """The jobs submitted with these tokens, token → job id (the oldest, should a token be
+        there twice: the portal's own submission came first, a copy after it), in one squeue and,
+        for the tokens squeue does not know, one sacct, over the jobs' accounts and identities.
+        A scheduler job counts only when its token, account and user are all the portal job's:
+        another identity's job that copied a token (or a job submitted by hand under the
+        tenant's account) is never adopted. A token left out is unknown to both."""
         owners = {
-            check_token(job.token): (check_name(job.account, "account").lower(), self._identity(job.user))
+            check_token(job.token): (
+                check_name(job.account, "account").lower(),
+                check_name(self._legacy_user(job.user), "cluster identity"),
+            )
             for job in jobs
         }
         found = self._queued_ids(owners) if owners else {}
         if missing := {token: owner for token, owner in owners.items() if token not in found}:
             found |= self._accounted_ids(missing)
-        return {token: max(ids, key=int) for token, ids in found.items()}
+        return {token: min(ids, key=int) for token, ids in found.items()}
 
     def _queued_ids(self, owners: dict[str, tuple[str, str]]) -> dict[str, list[str]]:
         """slurmctld's jobs (pending, running, ended less than MinJobAge ago) of these accounts,
@@ -330,6 +338,8 @@ class SlurmBackend:
         """The log's last bytes read as the job's identity (tail -c through the sudoers rule):
         the service user has no access to the identity's files of its own. One byte more than
         max_bytes tells whether anything came before."""
+        if not job.user:
+            return self._legacy_log_tail(job, lines=lines, max_bytes=max_bytes)
         path = f"{self._job_dir(job.account, job.user)}/{check_token(job.token)}.out"
         limit = check_count(max(max_bytes, 0) + 1, "log bytes")
         result = self.run(self._as(job.user, ["tail", "-c", str(limit), "--", path]))
@@ -344,6 +354,29 @@ class SlurmBackend:
             text = text[1:]  # the first line was cut by the byte limit
         keep = text[-lines:] if lines > 0 else []
         return LogTail(lines=keep, truncated=cut or len(keep) < len(text))
+
+    def _legacy_log_tail(self, job: JobRef, *, lines: int, max_bytes: int) -> LogTail:
+        """The log of a job submitted before jobs ran as identities: the service user wrote it,
+        under its own home (or the scratch root) in <account>/<token>.out; read over SFTP."""
+        root = self.config.scratch_root.rstrip("/")
+        if not root.startswith("/"):
+            home = ssh.home_directory(self.config, self.connect_timeout_s, self.command_timeout_s).rstrip("/")
+            root = f"{home}/{root or 'portal-jobs'}"
+        path = f"{root}/{check_name(job.account, 'account')}/{check_token(job.token)}.out"
+        with ssh.sftp_session(self.config, self.connect_timeout_s, self.command_timeout_s) as sftp:
+            try:
+                size = sftp.stat(path).st_size or 0
+                start = max(0, size - max(max_bytes, 0))
+                with sftp.open(path, "rb") as handle:
+                    handle.seek(start)
+                    data = handle.read(size - start) if size > start else b""
+            except FileNotFoundError:
+                return LogTail(lines=[], truncated=False)
+        text = data.decode(errors="replace").splitlines()
+        if start > 0 and len(text) > 1:
+            text = text[1:]  # the first line was cut by the byte limit
+        keep = text[-lines:] if lines > 0 else []
+        return LogTail(lines=keep, truncated=start > 0 or len(keep) < len(text))
 
     # ---------------------------------------------------------------- cleanup --
     def list_jobs(self, accounts: list[str]) -> list[SchedulerJob]:
@@ -458,21 +491,27 @@ class SlurmBackend:
     def identities_check(self, users: list[str]) -> dict[str, str]:
         """Per identity, whether the service user may act as it: one harmless command through the
         sudoers rule (`tail -c 0 /dev/null`), which fails for a user that does not exist, is
-        outside the job identities' group, or is root or the service user itself."""
+        outside the job identities' group, or is root or the service user itself), and whether
+        it owns its tree <scratch root>/<identity>, which the site makes with the identity."""
         problems = {}
         for user in sorted(set(users)):
             try:
                 argv = self._as(user, ["tail", "-c", "0", "/dev/null"])
+                top = self._job_dir("x", user).rpartition("/")[0]
             except BackendError as exc:
                 problems[user] = str(exc)
                 continue
             result = self.run(argv)
-            if result.rc == 0:
-                problems[user] = ""
-            elif "unknown user" in result.message:
-                problems[user] = f"no user {user} on the login node"
-            else:
-                problems[user] = f"the service user may not act as {user}: {result.message[:200]}"
+            if result.rc != 0:
+                if "unknown user" in result.message:
+                    problems[user] = f"no user {user} on the login node"
+                else:
+                    problems[user] = f"the service user may not act as {user}: {result.message[:200]}"
+                continue
+            owner = self.run(["stat", "-c", "%U", "--", top])
+            problems[user] = (
+                "" if owner.stdout.strip() == user else f"{top} is missing or not owned by {user}"
+            )
         return problems
 
     def health(self) -> Health:

@@ -6,7 +6,7 @@ with unlinkat() relative to the directory it is walking, so a job that swaps a d
 symlink while the purge runs cannot make it delete anything outside: there is no second command
 that would take a listed path and resolve it again.
 
-What it does with each entry under <scratch root>/<account>:
+What it does with each entry under <scratch root>/<identity>/<account> (run as that identity):
 
     regular file older than N days       deleted (-delete), reported with its size
     symlink leading out                  refused and kept: never followed, so its target is safe
