@@ -129,3 +129,48 @@ def test_in_the_browser_a_member_reads_the_missing_account(live_server, slurm, t
         expect(row).to_contain_text("protein-lab")
         expect(row).to_contain_text("Missing on the cluster")
         screenshot(page, "team-cluster-accounts")
+
+
+@pytest.mark.parametrize(
+    ("template", "ok"),
+    [("{tenant}", True), ("pt-{tenant}", True), ("jobs", False), ("{tenant}-{tenant}", False),
+     ("{tenant:.3}", False), ("{tenant!r}", False), ("{0}", False), ("{", False), ("Upper-{tenant}", False)],
+)  # fmt: skip
+def test_a_template_is_plain_text_around_one_bare_tenant(slurm, template, ok):
+    from django.core.exceptions import ValidationError
+
+    slurm.tenant_identity_template = template
+    if ok:
+        slurm.full_clean()
+    else:
+        with pytest.raises(ValidationError) as caught:
+            slurm.full_clean()
+        assert "tenant_identity_template" in caught.value.message_dict
+
+
+def test_a_slurm_cluster_needs_an_absolute_scratch_root(slurm):
+    from django.core.exceptions import ValidationError
+
+    for root in ("", "portal-jobs", "/shared/../etc"):
+        slurm.scratch_root = root
+        with pytest.raises(ValidationError) as caught:
+            slurm.full_clean()
+        assert list(caught.value.message_dict) == ["scratch_root"]
+
+
+def test_no_two_tenants_share_an_account_and_no_two_researchers_a_username(
+    slurm, tenant, other_tenant, member, outsider
+):
+    from django.db import IntegrityError, transaction
+
+    # other-team's own account takes the name protein-lab's template would give: it wins, and
+    # protein-lab has no usable account until it gets one of its own
+    ClusterAccount.objects.create(tenant=other_tenant, cluster=slurm, username="protein-lab")
+    assert job_identity_of(cluster=slurm, tenant=other_tenant, user=outsider) == "protein-lab"
+    assert job_identity_of(cluster=slurm, tenant=tenant, user=member) is None
+    with transaction.atomic(), pytest.raises(IntegrityError):
+        ClusterAccount.objects.create(tenant=tenant, cluster=slurm, username="protein-lab")
+    Profile.objects.create(user=member, cluster_username="shared")
+    with transaction.atomic(), pytest.raises(IntegrityError):
+        Profile.objects.create(user=outsider, cluster_username="shared")
+    Profile.objects.create(user=outsider, cluster_username="")  # none is no clash
