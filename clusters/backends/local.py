@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
-import json
 import os
 import re
 import shutil
@@ -40,6 +39,7 @@ from typing import Any
 
 from clusters.backends import base, local_cleanup, local_launch, local_sandbox
 from clusters.backends.base import BackendError, ClusterConfig, Health, JobRef, JobSpec, JobStatus, LogTail
+from clusters.backends.local_records import alive, boot_id, read_json, start_ticks, write_json
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # a directory and file name: no "/", no ".."
@@ -80,30 +80,6 @@ def _machine_gpus(nvidia_smi: str) -> tuple[int, ...]:
     return tuple(detect_gpus(nvidia_smi))
 
 
-@functools.cache
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _start_ticks(pid: int, *, running: bool = False) -> int | None:
-    """The process's start time in clock ticks since boot; None if it is gone (or, with running, a
-    zombie)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # the name may hold ")"
-    except OSError:
-        return None
-    return None if running and fields[0] in "ZX" else int(fields[19])
-
-
-def _alive(proc: dict[str, Any]) -> bool:
-    """Whether the job's wrapper still runs: same boot, same pid and start time, not a zombie."""
-    ticks = _start_ticks(proc["pid"], running=True)
-    return ticks is not None and ticks == proc["start_ticks"] and proc["boot_id"] == _boot_id()
-
-
 def _reap() -> None:
     with _children_lock:
         for pid, child in list(_children.items()):
@@ -111,29 +87,12 @@ def _reap() -> None:
                 del _children[pid]
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-
-
-def _write_json(path: Path, data: Any) -> None:
-    # Readers do not take the lock, so they must see the old file or the new one, never half of one.
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _finish(
     meta: Path, state: str, raw: str, reason: str, exit_code: int | None = None, **times: Any
 ) -> dict:
     end = {"state": state, "raw_state": raw, "reason": reason, "exit_code": exit_code}
     end |= {"started_at": None, "finished_at": time.time(), **times}
-    _write_json(meta / "end.json", end)
+    write_json(meta / "end.json", end)
     return end
 
 
@@ -209,7 +168,7 @@ class LocalBackend:
                 record = {"id": backend_id, "token": spec.token, "name": spec.name, "env": dict(spec.env)}
                 record["account"] = spec.account
                 state["accounts"] = sorted({*state["accounts"], spec.account})
-                _write_json(tmp / ".portal" / "job.json", {**record, "submitted_at": time.time()})
+                write_json(tmp / ".portal" / "job.json", {**record, "submitted_at": time.time()})
                 (self._root / "ids" / backend_id).write_text(spec.token)
                 state["queue"].append(
                     dict(
@@ -250,7 +209,7 @@ class LocalBackend:
         """The id of the job submitted with this token, if its directory exists."""
         if not _TOKEN.match(token):
             return None
-        record = _read_json(self._job_dir(token) / ".portal" / "job.json")
+        record = read_json(self._job_dir(token) / ".portal" / "job.json")
         return record["id"] if record else None
 
     def poll(self, backend_ids: list[str]) -> dict[str, JobStatus]:
@@ -286,7 +245,7 @@ class LocalBackend:
                 return
             if backend_id not in state["running"]:
                 return
-            proc = _read_json(meta / "proc.json")
+            proc = read_json(meta / "proc.json")
             self._mark(meta, "cancelled")
         if proc is not None:
             self._terminate([proc])
@@ -448,14 +407,14 @@ class LocalBackend:
                     if time.monotonic() > deadline:
                         raise base.BackendUnavailable("the allocation file stayed locked") from None
                     time.sleep(0.01)
-            state = _read_json(root / "alloc.json") or {"next_id": 1, "running": {}, "queue": []}
+            state = read_json(root / "alloc.json") or {"next_id": 1, "running": {}, "queue": []}
             yield state
             self._save(state)
         finally:
             os.close(fd)  # also releases the flock
 
     def _save(self, state: dict[str, Any]) -> None:
-        _write_json(self._root / "alloc.json", state)
+        write_json(self._root / "alloc.json", state)
 
     def _settle(self, state: dict[str, Any]) -> None:
         """Under the lock: release the GPUs of ended jobs, then start waiting jobs that fit, strictly
@@ -468,7 +427,7 @@ class LocalBackend:
         while state["queue"]:
             job = state["queue"][0]
             meta = self._job_dir(job["token"]) / ".portal"
-            proc = _read_json(meta / "proc.json")
+            proc = read_json(meta / "proc.json")
             if not meta.is_dir() or (meta / "end.json").exists():
                 proc = None
             elif proc is not None:  # started just before a crash that lost the saved state
@@ -490,7 +449,7 @@ class LocalBackend:
         """Under the lock: start the job's wrapper, in the sandbox where one can be made."""
         job_dir = self._job_dir(token)
         meta = job_dir / ".portal"
-        record = _read_json(meta / "job.json")
+        record = read_json(meta / "job.json")
         try:
             launch = local_launch.launch(
                 backend_id=backend_id,
@@ -505,8 +464,8 @@ class LocalBackend:
         except (OSError, BackendError) as exc:
             _finish(meta, base.FAILED, "LAUNCH_FAILED", f"could not prepare the job: {exc}")
             return None
-        _write_json(meta / "env.json", launch["env"])  # the job's environment, as it got it
-        _write_json(meta / "launch.json", launch)
+        write_json(meta / "env.json", launch["env"])  # the job's environment, as it got it
+        write_json(meta / "launch.json", launch)
         paths = [meta / "launch.json", job_dir / f"{token}.out", meta / "status"]
         try:
             with open(meta / "wrapper.log", "ab") as log:
@@ -524,9 +483,9 @@ class LocalBackend:
             return None
         with _children_lock:
             _children[child.pid] = child
-        proc = {"pid": child.pid, "pgid": child.pid, "start_ticks": _start_ticks(child.pid)}
-        proc |= {"boot_id": _boot_id(), "started_at": time.time(), "gpus": gpus}
-        _write_json(meta / "proc.json", proc)
+        proc = {"pid": child.pid, "pgid": child.pid, "start_ticks": start_ticks(child.pid)}
+        proc |= {"boot_id": boot_id(), "started_at": time.time(), "gpus": gpus}
+        write_json(meta / "proc.json", proc)
         return proc
 
     def _mark_overdue(self, state: dict[str, Any]) -> list[dict[str, Any]]:
@@ -535,7 +494,7 @@ class LocalBackend:
             if job["walltime"] > 0 and time.time() - job["started_at"] > job["walltime"] * self.minute_s:
                 meta = self._job_dir(job["token"]) / ".portal"
                 self._mark(meta, "timeout")
-                overdue.append(_read_json(meta / "proc.json"))
+                overdue.append(read_json(meta / "proc.json"))
         return [proc for proc in overdue if proc is not None]
 
     def _mark(self, meta: Path, cause: str) -> None:
@@ -546,7 +505,7 @@ class LocalBackend:
     def _terminate(self, procs: list[dict[str, Any]]) -> None:
         """SIGTERM each job's process group, SIGKILL those still there after grace_s; bounded."""
         for sig, wait_s in ((signal.SIGTERM, self.grace_s), (signal.SIGKILL, _KILL_WAIT_S)):
-            live = [proc for proc in procs if _alive(proc)]
+            live = [proc for proc in procs if alive(proc)]
             for proc in live:
                 # Only while its leader is ours (checked just above), so never a reused pgid.
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -555,19 +514,19 @@ class LocalBackend:
             while live and time.monotonic() < deadline:
                 time.sleep(0.05)
                 _reap()
-                live = [proc for proc in live if _alive(proc)]
+                live = [proc for proc in live if alive(proc)]
             if not live:
                 return
 
     def _end_record(self, meta: Path) -> dict[str, Any] | None:
         """The final record of a started job, written the first time it is seen ended; None while
         its wrapper runs."""
-        if (end := _read_json(meta / "end.json")) is not None:
+        if (end := read_json(meta / "end.json")) is not None:
             return end
-        proc = _read_json(meta / "proc.json")
+        proc = read_json(meta / "proc.json")
         if proc is None:
             return _finish(meta, base.FAILED, "LOST", "no process record: the worker died starting it")
-        if _alive(proc):
+        if alive(proc):
             return None
         try:  # read after the liveness check: the wrapper writes it before it exits
             exit_code = int((meta / "status").read_text())
@@ -591,7 +550,7 @@ class LocalBackend:
 
     def _status(self, backend_id: str, token: str, state: dict[str, Any]) -> JobStatus | None:
         node = socket.gethostname()
-        if (end := _read_json(self._job_dir(token) / ".portal" / "end.json")) is not None:
+        if (end := read_json(self._job_dir(token) / ".portal" / "end.json")) is not None:
             started, finished = _dt(end.pop("started_at")), _dt(end.pop("finished_at"))
             node = node if started else ""
             return JobStatus(backend_id, **end, started_at=started, finished_at=finished, node_list=node)
@@ -609,7 +568,7 @@ class LocalBackend:
         is left out; BackendUnavailable when nvidia-smi hangs."""
         from clusters.backends.local_gpus import job_samples  # the telemetry helper, kept apart
 
-        # Read without the lock: _write_json replaces alloc.json whole, and nothing here changes it.
-        running = (_read_json(self._root / "alloc.json") or {}).get("running", {})
+        # Read without the lock: write_json replaces alloc.json whole, and nothing here changes it.
+        running = (read_json(self._root / "alloc.json") or {}).get("running", {})
         held = {bid: running[bid]["gpus"] for bid in backend_ids if bid in running}
         return job_samples(held, self.config.nvidia_smi)
