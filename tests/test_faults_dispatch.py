@@ -6,8 +6,8 @@ shows the task received and not finished, and the job's lease is fresh), then SI
 worker after a random delay drawn over the length of a dispatch, measured on the workers' own
 first dispatches (one draw in three over its first twentieth, where the claim's short steps
 are): so each kill lands at a random point of one dispatch, and over 50 rounds at every step of
-it. The message stays unacknowledged in Redis (until the broker's visibility timeout, an hour); a new worker boots in the killed one's place while the others go on. Before
-each round, the leases of the dead dispatchers are treated as run out and the sweep runs, so
+it. The message stays unacknowledged in Redis (until the broker's visibility timeout, an hour);
+a new worker boots in the killed one's place while the others go on. Before each round, the leases of the dead dispatchers are treated as run out and the sweep runs, so
 recovery (find(token) first) is killed too. At the end one sweep, and the figure: Slurm jobs
 per portal job, by token, exactly 1.
 
