@@ -7,9 +7,10 @@ worker after a random delay drawn over the length of a dispatch, measured on the
 first dispatches (one draw in three over its first twentieth, where the claim's short steps
 are): so each kill lands at a random point of one dispatch, and over 50 rounds at every step of
 it. The message stays unacknowledged in Redis (until the broker's visibility timeout, an hour);
-a new worker boots in the killed one's place while the others go on. Before each round, the leases of the dead dispatchers are treated as run out and the sweep runs, so
-recovery (find(token) first) is killed too. At the end one sweep, and the figure: Slurm jobs
-per portal job, by token, exactly 1.
+a new worker boots in the killed one's place while the others go on. Before each round, the
+leases of the dead dispatchers are treated as run out and the sweep runs, so recovery
+(find(token) first) is killed too. At the end one sweep, and the figure: Slurm jobs per portal
+job, by token, exactly 1.
 
 Where each kill landed is read from the database and Slurm just after it: the job still leased
 and QUEUED (between the lease and the move to SUBMITTING), SUBMITTING and unknown to Slurm
