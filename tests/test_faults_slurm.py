@@ -5,9 +5,7 @@ server that never answers, a trigger that refuses one UPDATE)."""
 
 import json
 import re
-import socket
 import subprocess
-import threading
 import time
 from collections import defaultdict
 from dataclasses import replace
@@ -26,7 +24,7 @@ from jobs.services import job_dispatch, jobs_poll, jobs_sweep
 from jobs.tasks import RETRY, dispatch_job, sweep_jobs
 from portal.celery import app
 from tests.conftest import free_port, stop
-from tests.faults_support import slurm_tenant, start_worker, tally, wait_until
+from tests.faults_support import SilentPeer, slurm_tenant, start_worker, tally, wait_until
 from tests.testbed.env import TESTBED_SCRIPT, registered_testbed, testbed_env
 
 DISPATCH_SOFT_LIMIT_S = settings.JOB_DISPATCH_TIME_LIMIT_S - 30  # jobs.tasks.dispatch_job
@@ -109,36 +107,6 @@ def test_slurmctld_stopped_jobs_wait_and_converge_after_its_restart(tmp_path, ca
 # --- SSH refused or hanging
 
 
-class StallingServer:
-    """A loopback TCP server that accepts and then says nothing, or only its SSH banner."""
-
-    def __init__(self, *, banner: bytes = b""):
-        self.banner, self.accepted, self.sockets = banner, 0, []
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.listener.settimeout(0.2)
-        self.running = True
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while self.running:
-            try:
-                conn, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            self.accepted += 1
-            self.sockets.append(conn)  # held open, never read: the client waits
-            if self.banner:
-                conn.sendall(self.banner)
-
-    def close(self) -> None:
-        self.running = False
-        self.thread.join(timeout=5)
-        for conn in [*self.sockets, self.listener]:
-            conn.close()
-
-
 def _fake_cluster(slug: str, port: int, gpu_model, key: str) -> Cluster:
     cluster = Cluster.objects.create(
         slug=slug, name=slug, kind="slurm", ssh_host="127.0.0.1", ssh_port=port, ssh_user="gpuportal",
@@ -159,7 +127,7 @@ def test_ssh_refused_or_hanging_ends_each_dispatch_within_its_bound_and_retries(
     cluster = registered_testbed()
     bed = slurm_tenant(cluster)  # the tenant and grant; its jobs go to the faulty clusters below
     key = Path(testbed_env()["SLURM_TESTBED_KEY_FILE"]).read_text()  # a real key; no server will ask for it
-    silent, banner_only = StallingServer(), StallingServer(banner=b"SSH-2.0-OpenSSH_9.2\r\n")
+    silent, banner_only = SilentPeer(), SilentPeer(banner=b"SSH-2.0-OpenSSH_9.2\r\n")
     faults = {
         "ssh-refused": (free_port(), None),  # nothing listens there
         "ssh-silent": (silent.port, silent),
@@ -197,14 +165,14 @@ def test_ssh_refused_or_hanging_ends_each_dispatch_within_its_bound_and_retries(
             figures[slug] = (
                 (retried - received).total_seconds(),
                 countdowns,
-                server.accepted if server else 0,
+                len(server.spans) if server else 0,
             )
             assert not faulty.healthy and faulty.health_detail.startswith("SSH to"), faulty.health_detail
             assert job.state == JobState.SUBMITTING and job.backend_id == ""
             # one connection per attempt at most (the one under way may not have connected yet)
-            assert not server or server.accepted <= job.dispatch_attempts, (
+            assert not server or len(server.spans) <= job.dispatch_attempts, (
                 slug,
-                server.accepted,
+                len(server.spans),
                 job.dispatch_attempts,
             )
     finally:

@@ -7,7 +7,6 @@ job, the service user's authorized_keys. The attacker's log proves that each att
 
 import shlex
 import subprocess
-import time
 import uuid
 from datetime import timedelta
 from decimal import Decimal
@@ -22,6 +21,7 @@ from jobs.models import Job
 from jobs.services import JobRequest, job_dispatch, job_log_tail, job_submit, orphans_find, tenant_apply
 from tenants.models import QuotaGrant, Role, Tenant
 from tests.conftest import join
+from tests.faults_support import wait_until
 from tests.testbed.env import testbed_env
 
 TODAY = timezone.localdate()
@@ -61,14 +61,6 @@ def root(*argv: str) -> str:
     return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
 
 
-def wait_until(what: str, probe, timeout_s: float = 90):
-    deadline = time.monotonic() + timeout_s
-    while not (found := probe()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
-    return found
-
-
 def scontrol(job_id: str) -> dict[str, str]:
     text = root("scontrol", "show", "job", "-o", job_id)
     return dict(word.split("=", 1) for word in text.split() if "=" in word)
@@ -102,9 +94,9 @@ def two_tenants(testbed, catalog):
     for tenant, _user in made:
         subprocess.run(["scancel", "-A", tenant.slug], capture_output=True, timeout=30, check=False)
         wait_until(
-            f"{tenant.slug}'s jobs to leave",
             lambda tenant=tenant: not root("squeue", "-h", "-A", tenant.slug, "-o", "%i").strip(),
-            60,
+            timeout_s=60,
+            what=f"{tenant.slug}'s jobs to leave",
         )
         subprocess.run(
             ["sacctmgr", "-i", "delete", "account", f"name={tenant.slug}"], capture_output=True, timeout=30
@@ -134,7 +126,11 @@ def test_a_hostile_tenants_job_gets_through_none_of_the_attacks(testbed, catalog
     victim_job = submitted(testbed, catalog, victim, victim_user, VICTIM.format(marker=marker))
     victim_dir = Path(env["SLURM_TESTBED_SCRATCH"]) / f"pt-{victim.slug}" / victim.slug
     victim_log = victim_dir / f"{victim_job.token}.out"
-    wait_until("the victim's job to run and write", lambda: victim_log.exists() and victim_log.stat().st_size)
+    wait_until(
+        lambda: victim_log.exists() and victim_log.stat().st_size,
+        timeout_s=90,
+        what="the victim's job to write",
+    )
     victim_log_before = victim_log.read_bytes()
     assert f"victim-secret-{marker}".encode() in victim_log_before
 
@@ -147,12 +143,14 @@ def test_a_hostile_tenants_job_gets_through_none_of_the_attacks(testbed, catalog
     hostile_job = submitted(testbed, catalog, hostile, hostile_user, attack)
     backend = backend_of(testbed)
     ended = wait_until(
-        "the attacker's job to end",
         lambda: (
             (status := backend.poll([hostile_job.backend_id]).get(hostile_job.backend_id))
             and status.state in ("COMPLETED", "FAILED")
             and status
         ),
+        timeout_s=90,
+        interval_s=0.5,
+        what="the attacker's job to end",
     )
     log = "\n".join(job_log_tail(job=Job.objects.get(pk=hostile_job.pk), lines=100).lines)
     assert ended.state == "COMPLETED" and f"DONE as pt-{hostile.slug}" in log, log
