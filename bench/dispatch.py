@@ -159,6 +159,7 @@ def setup(capacity: int) -> Bench:
     from portal.celery import app
     from tenants.models import QuotaGrant, Role, Tenant
     from tenants.services import membership_add
+    from tests.testbed.env import testbed_identity
 
     call_command("migrate", verbosity=0)
     call_command("register_testbed", stdout=open(os.devnull, "w"))  # noqa: SIM115
@@ -168,6 +169,7 @@ def setup(capacity: int) -> Bench:
     Partition.objects.filter(pk=partition.pk).update(nodes=max(partition.nodes, capacity))
     scenario, gpu_model = Scenario.objects.get(slug="ai-training"), partition.gpu_model
     tenant = Tenant.objects.create(slug=f"bench-{uuid.uuid4().hex[:6]}", name="Dispatch bench")
+    testbed_identity(f"pt-{tenant.slug}")  # its job identity: the registered testbed's template
     user = get_user_model().objects.create_user(f"{tenant.slug}-user", password=uuid.uuid4().hex)
     membership_add(actor=None, tenant=tenant, user=user, role=Role.MEMBER)
     QuotaGrant.objects.create(
@@ -336,14 +338,15 @@ def profile_split(bench: Bench, count: int) -> None:
 
 
 def sbatch_loop(bench: Bench, count: int, tag: str) -> float:
-    """sbatch called `count` times, one SSH exec each over the pooled transport, with the
-    options the portal gives its jobs (the script on stdin); jobs/s."""
+    """sbatch called `count` times, one SSH exec each over the pooled transport, as the tenant's
+    job identity through the sudoers rule, with the options the portal gives its jobs (the script
+    on stdin); jobs/s."""
     from jobs.models import Job
 
     job = Job.objects.filter(tenant=bench.tenant).first()
     backend = bench.backend()
-    home = backend._job_dir(bench.tenant.slug)
-    backend.check(["mkdir", "-p", "--", home])
+    home = backend._job_dir(bench.tenant.slug, job.cluster_user)
+    backend.check(backend._as(job.cluster_user, ["mkdir", "-p", "--", home]))
     options = [
         f"--account={bench.tenant.slug}", f"--qos=portal-{bench.tenant.tier}", f"--partition={PARTITION}",
         f"--gres=gpu:{PARTITION}:1", "--nodes=1", "--time=1", f"--cpus-per-gpu={job.cpus_per_gpu}",
@@ -353,7 +356,7 @@ def sbatch_loop(bench: Bench, count: int, tag: str) -> float:
     started = time.perf_counter()
     for number in range(count):
         argv = ["sbatch", "--parsable", "--job-name=loop", *options, f"--comment=loop-{tag}-{number}"]
-        backend.check(argv, stdin=SCRIPT)
+        backend.check(backend._as(job.cluster_user, argv), stdin=SCRIPT)
     return count / (time.perf_counter() - started)
 
 

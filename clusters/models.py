@@ -1,3 +1,4 @@
+import re
 from string import Formatter
 
 from django.core.exceptions import ValidationError
@@ -202,8 +203,12 @@ class Cluster(models.Model):
         and compute nodes: never the service user's home, which no job may reach."""
         super().clean()
         root = self.scratch_root.rstrip("/")
-        if self.kind == ClusterKind.SLURM and (not root.startswith("/") or "/../" in f"{root}/"):
-            raise ValidationError({"scratch_root": _("A Slurm cluster needs an absolute path without '..'.")})
+        shape = re.fullmatch(r"/[A-Za-z0-9_./-]*", root) and "/../" not in f"{root}/"
+        if self.kind == ClusterKind.SLURM and not shape:
+            message = _(
+                "A Slurm cluster needs an absolute path of letters, digits, '_', '.', '-', '/', no '..'."
+            )
+            raise ValidationError({"scratch_root": message})
 
 
 class IdentityCheck(models.Model):

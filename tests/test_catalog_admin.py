@@ -60,7 +60,7 @@ def form_data(cluster: Cluster, **changes) -> dict:
         "ssh_private_key": "",
         "ssh_key_passphrase": "",
         "slurm_cluster_name": "",
-        "scratch_root": "",
+        "scratch_root": cluster.scratch_root or "/shared/portal-jobs",
         "job_identity": cluster.job_identity,
         "tenant_identity_template": cluster.tenant_identity_template,
         "k8s_api_url": "",

@@ -286,3 +286,25 @@ def _polled(cluster) -> _Poll:
         job_updates=sum(text.startswith('UPDATE "jobs_job"') for text in sql),
         events=sum(text.startswith('INSERT INTO "jobs_jobevent"') for text in sql),
     )
+
+
+def test_a_batch_answers_a_missing_identity_or_tree_per_job_and_submits_the_jobs_after_them():
+    """Refusals half-way through a batch do not shift the following jobs' lines: a job whose
+    identity does not exist (67), one whose identity has no tree of its own (69: `nobody`
+    exists, but the site made it no tree), then a good job of the same batch, submitted."""
+    backend = SlurmBackend(make_config())
+    good = job_spec("echo after the refusals")
+    batch = [job_spec("true", user=f"no-such-{uuid.uuid4().hex[:6]}"), job_spec("true", user="nobody"), good]
+    before = ssh.commands_run(backend.config.slug)
+    missing, treeless, submitted = backend.submit_many(batch)
+    try:
+        assert ssh.commands_run(backend.config.slug) - before == 1
+        assert type(missing) is BackendError and "does not exist on the login node" in str(missing)
+        assert type(treeless) is BackendError and "missing or not owned by nobody" in str(treeless)
+        assert isinstance(submitted, str) and submitted.isdigit()
+        assert wait_for_end(backend, submitted).state == "COMPLETED"
+        assert backend.log_tail(ref(good, submitted), lines=5, max_bytes=4096).lines == ["after the refusals"]
+    finally:
+        if isinstance(submitted, str):
+            backend.cancel(submitted, user=good.user)
+            remove_local(f"{backend._job_dir(good.account, good.user)}/{good.token}.out")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from clusters.backends import base
@@ -56,6 +57,8 @@ SACCT_FIELDS = "JobID,State,ExitCode,Start,End,NodeList,Reason"
 # A purge walks a whole tenant tree on a shared filesystem: more time than a Slurm command.
 PURGE_TIMEOUT_S = 300
 LOG_ACCOUNTS_PER_CALL = 100  # tenant directories per find of old job logs
+# A path that the batch's shell script keeps in a "|"-separated list and compares as text.
+SCRATCH_ROOT_RE = re.compile(r"/[A-Za-z0-9_./-]*")
 USABLE_NODE_STATES = {"idle", "mixed", "allocated", "completing", "planned"}
 
 
@@ -132,8 +135,10 @@ class SlurmBackend:
         jobs of this tenant write their output. The root is the site's, shared by the login node
         and the compute nodes; never the service user's home, which no job may reach."""
         root = self.config.scratch_root.rstrip("/")
-        if not root.startswith("/") or "/../" in f"{root}/":
-            raise BackendError("the cluster's scratch root must be an absolute path without '..'")
+        if not SCRATCH_ROOT_RE.fullmatch(root) or "/../" in f"{root}/":
+            raise BackendError(
+                "the cluster's scratch root must be an absolute path of [A-Za-z0-9_.-/], without '..'"
+            )
         return f"{root}/{self._identity(user)}/{check_name(account, 'account')}"
 
     def _as(self, user: str, argv: list[str]) -> list[str]:

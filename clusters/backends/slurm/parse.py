@@ -186,19 +186,19 @@ def tres(text: str) -> dict[str, str]:
 # The remote command is this fixed script (`sh -c SBATCH_BATCH_SH`), run by the portal's service
 # user; every value reaches it as data on stdin, one per line, never as shell text: per job its
 # token, the identity it runs as, its directory (<scratch root>/<identity>/<tenant>), a count,
-# that many sbatch arguments, and its batch script in base64 on one line (sbatch reads the
-# script from its stdin). All of a job's lines are read before any check, and no command but
-# sbatch reads stdin, so a job refused half-way cannot shift the next job's lines. Per job it
-# checks that the identity exists (`id`) and owns <scratch root>/<identity> (which the site's
-# admin makes with the identity: a tree that another identity made, or none, is refused), makes
-# the tenant's directory in it as the identity (`sudo -n -u`, the one sudoers rule), and runs
-# sbatch as the identity. It answers one line per job, in order: "<token> <exit status> <job id,
-# or the error message on one line>". A job with no line was not reached, or its answer was cut
-# off with the connection: its outcome is unknown.
+# that many sbatch arguments, and its batch script in base64 on one line (sbatch reads the script
+# from its stdin). All of a job's lines are read before any check, and no command but sbatch reads
+# stdin, so a job refused half-way cannot shift the next job's lines. Per job it checks that the
+# identity exists (`id`) and owns <scratch root>/<identity> (which the site's admin makes with the
+# identity: a tree that another identity made, or none, is refused), makes the tenant's directory
+# in it as the identity (`sudo -n -u`, the one sudoers rule) — these once per identity and
+# directory of the batch — and runs sbatch as the identity. It answers one line per job, in order:
+# "<token> <exit status> <job id, or the error message on one line>". A job with no line was not
+# reached, or its answer was cut off with the connection: its outcome is unknown.
 SBATCH_BATCH_SH = " ".join(  # one line: no argument of a remote command may hold a line break
     (
         r"set -u; LC_ALL=C; export LC_ALL;",
-        r"err=$(mktemp) || exit 66;",
+        r'err=$(mktemp) || exit 66; ready="";',
         r"""trap 'rm -f "$err"' EXIT; trap 'rm -f "$err"; exit 129' HUP INT TERM PIPE;""",
         r"""answer() { printf '%s %s %s\n' "$token" "$1" "$2"; };""",
         r"""failed() { answer "$1" "$(tr '\r\n' '  ' <"$err")"; };""",
@@ -208,6 +208,8 @@ SBATCH_BATCH_SH = " ".join(  # one line: no argument of a remote command may hol
         r'while [ "$count" -gt 0 ]; do',
         r'IFS= read -r arg || exit 64; set -- "$@" "$arg"; count=$((count - 1)); done;',
         r"IFS= read -r script || exit 64;",
+        # the checks and the mkdir once per identity and directory in a batch: each is a sudo
+        r'case "$ready" in *"|$user|$dir|"*) ;; *)',
         r'if ! id -u -- "$user" >/dev/null 2>&1 </dev/null; then',
         r'answer 67 "cluster identity $user does not exist on the login node"; continue; fi;',
         r"top=${dir%/*};",
@@ -216,6 +218,7 @@ SBATCH_BATCH_SH = " ".join(  # one line: no argument of a remote command may hol
         r"continue; fi;",
         r'if ! sudo -n -u "$user" -- mkdir -p -m 0700 -- "$dir" 2>"$err" </dev/null;',
         r"then failed 68; continue; fi;",
+        r'ready="$ready|$user|$dir|";; esac;',
         r"""out=$(printf '%s\n' "$script" | base64 -d |""",
         r"""sudo -n -u "$user" -- sbatch "$@" 2>"$err"); rc=$?;""",
         r"""[ "$rc" -eq 0 ] || out=$(tr '\r\n' '  ' <"$err");""",
