@@ -320,7 +320,10 @@ def profile_split(bench: Bench, count: int) -> None:
     stats = pstats.Stats(profiler)
     parts = {"claim": 0.0, "find": 0.0, "SSH sbatch": 0.0}
     for (path, _line, name), (_cc, _nc, _tt, cumulative, _callers) in stats.stats.items():
-        if path.endswith(os.path.join("jobs", "services", "dispatch.py")) and name.startswith("_claim"):
+        if path.endswith(os.path.join("jobs", "services", "dispatch.py")) and name in (
+            "job_claim",
+            "jobs_claim",
+        ):
             parts["claim"] = max(parts["claim"], cumulative)
         if path.endswith(os.path.join("slurm", "backend.py")):
             if name.startswith("submit"):

@@ -37,6 +37,10 @@ class Priority(models.TextChoices):
     HIGH = "high", _("High")
 
 
+# The one order of priorities, the lowest first: a tier's cap, a default below it, admission.
+PRIORITY_ORDER = (Priority.LOW, Priority.NORMAL, Priority.HIGH)
+
+
 def new_token() -> str:
     return uuid.uuid4().hex
 

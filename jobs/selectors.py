@@ -4,7 +4,9 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Count, F, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
+from clusters.models import Cluster
 from jobs.models import Job, JobEvent, JobState
+from jobs.states import ACTIVE_IN_SCHEDULER
 from tenants import roles
 from tenants.selectors import tenant_id_list, tenant_ids_visible_to, tenant_perms
 
@@ -105,3 +107,13 @@ def job_counts_of(*, user: AbstractBaseUser, tenant) -> dict[str, int]:
         waiting=Count("id", filter=Q(state__in=WAITING_STATES)),
         running=Count("id", filter=Q(state=JobState.RUNNING)),
     )
+
+
+# --- What the beat's fan-out tasks go over (jobs/tasks.py)
+
+
+def cluster_ids_to_poll() -> list[int]:
+    """The clusters a poll asks: every enabled one, and a disabled one while it still has jobs
+    to follow to their end."""
+    busy = Job.objects.filter(state__in=ACTIVE_IN_SCHEDULER).values("cluster_id")
+    return list(Cluster.objects.filter(Q(enabled=True) | Q(pk__in=busy)).values_list("pk", flat=True))

@@ -3,17 +3,14 @@
 from celery import shared_task
 from django.conf import settings
 from django.db import DatabaseError
-from django.db.models import Q
 
-from clusters.backends.base import BackendUnavailable
-from clusters.backends.slurm.backend import PURGE_TIMEOUT_S
+from clusters.backends.base import PURGE_TIMEOUT_S, BackendUnavailable
 from clusters.models import Cluster
 from jobs import services
-from jobs.models import Job
+from jobs.selectors import cluster_ids_to_poll
+from jobs.services.admission import jobs_admit_marked
 from jobs.services.dispatch import jobs_dispatch
-from jobs.services.follow import POLL_TIME_LIMIT_S
-from jobs.services.submit import jobs_admit_marked
-from jobs.states import ACTIVE_IN_SCHEDULER
+from jobs.services.poll import POLL_TIME_LIMIT_S
 from tenants.models import Tenant
 
 RETRY = {
@@ -67,10 +64,8 @@ def poll_cluster(*, cluster_id: int) -> int:
 
 @shared_task(acks_late=True, soft_time_limit=20, time_limit=30)
 def poll_clusters() -> int:
-    """Beat: one poll task per enabled cluster, so that a slow cluster delays no other."""
-    # Enabled clusters, and a disabled one while it still has jobs to follow to their end.
-    busy = Job.objects.filter(state__in=ACTIVE_IN_SCHEDULER).values("cluster_id")
-    ids = list(Cluster.objects.filter(Q(enabled=True) | Q(pk__in=busy)).values_list("pk", flat=True))
+    """Beat: one poll task per cluster to poll, so that a slow cluster delays no other."""
+    ids = cluster_ids_to_poll()
     for cluster_id in ids:
         # A poll that waited past the next one is stale: let it expire rather than pile up.
         poll_cluster.apply_async(kwargs={"cluster_id": cluster_id}, expires=settings.JOB_POLL_INTERVAL_S)

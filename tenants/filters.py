@@ -43,8 +43,7 @@ class QuotaFilter(django_filters.FilterSet):
 
     def filter_active(self, queryset, name, value):
         today = timezone.localdate()
-        window = {"starts_on__lte": today, "ends_on__gte": today}
-        return queryset.filter(**window) if value else queryset.exclude(**window)
+        return queryset.active_on(today) if value else queryset.inactive_on(today)
 
 
 class AuditFilter(django_filters.FilterSet):

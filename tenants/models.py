@@ -148,6 +148,15 @@ class RequestState(models.TextChoices):
     EXPIRED = "expired", _("Expired")
 
 
+class QuotaGrantQuerySet(models.QuerySet):
+    def active_on(self, day) -> "QuotaGrantQuerySet":
+        """Grants whose window holds the day (QuotaGrant.is_active_on, in SQL)."""
+        return self.filter(starts_on__lte=day, ends_on__gte=day)
+
+    def inactive_on(self, day) -> "QuotaGrantQuerySet":
+        return self.exclude(starts_on__lte=day, ends_on__gte=day)
+
+
 class QuotaGrant(models.Model):
     """Limits a tenant may use for one scenario on one GPU model, and the ledger against them.
 
@@ -169,6 +178,8 @@ class QuotaGrant(models.Model):
     created = models.DateTimeField(auto_now_add=True)
     # The last reminder mailed before the end (7 or 1 days), so that each goes out once.
     reminded_days_before = models.PositiveSmallIntegerField(null=True, blank=True)
+
+    objects = QuotaGrantQuerySet.as_manager()
 
     class Meta:
         ordering = ["-id"]
@@ -195,6 +206,10 @@ class QuotaGrant(models.Model):
 
     def is_active_on(self, day) -> bool:
         return self.starts_on <= day <= self.ends_on
+
+    def has_room_for(self, gpus: int) -> bool:
+        """Would `gpus` more GPUs at once stay within the grant's concurrent limit?"""
+        return self.gpus_in_use + gpus <= self.gpus
 
     @property
     def active(self) -> bool:

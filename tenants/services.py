@@ -355,13 +355,15 @@ def grant_reserve(*, grant_id: int, gpu_hours: Decimal) -> None:
     as the transaction before it left it, so fifty submissions at once each see the hours the
     others took and together never overshoot (the CHECK constraint would refuse it anyway)."""
     today = timezone.localdate()
-    reserved = QuotaGrant.objects.filter(
-        pk=grant_id,
-        starts_on__lte=today,
-        ends_on__gte=today,
-        gpu_hours__gte=F("gpu_hours_used") + F("gpu_hours_reserved") + gpu_hours,
-        tenant_id__in=Tenant.objects.filter(state=TenantState.ACTIVE).values("id"),
-    ).update(gpu_hours_reserved=F("gpu_hours_reserved") + gpu_hours)
+    reserved = (
+        QuotaGrant.objects.active_on(today)
+        .filter(
+            pk=grant_id,
+            gpu_hours__gte=F("gpu_hours_used") + F("gpu_hours_reserved") + gpu_hours,
+            tenant_id__in=Tenant.objects.filter(state=TenantState.ACTIVE).values("id"),
+        )
+        .update(gpu_hours_reserved=F("gpu_hours_reserved") + gpu_hours)
+    )
     if reserved:
         return
     grant = QuotaGrant.objects.select_related("tenant").get(pk=grant_id)
@@ -388,7 +390,7 @@ def grant_take_gpus(*, grant_id: int, gpus: int) -> bool:
     """Take GPUs of the grant's concurrent limit for a job that starts; False when they are
     all in use (the job waits with reason quota_wait)."""
     grant = grant_for_update(grant_id=grant_id)
-    if grant.gpus_in_use + gpus > grant.gpus:
+    if not grant.has_room_for(gpus):
         return False
     grant.gpus_in_use += gpus
     grant.save(update_fields=["gpus_in_use"])

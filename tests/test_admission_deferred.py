@@ -17,7 +17,7 @@ from kombu import Connection
 from clusters.models import Partition
 from jobs.models import Job, JobState
 from jobs.services import JobRequest, job_submit
-from jobs.services.submit import admit_mark
+from jobs.services.admission import admit_mark
 from jobs.tasks import admit_partition
 from portal.celery import app
 from tenants.models import QuotaGrant, Role

@@ -17,7 +17,7 @@ from django.utils import timezone
 from clusters.backends.base import JobRef
 from clusters.services import backend_of
 from jobs.models import Job, JobEvent, JobState
-from jobs.services import job_dispatch, retention_apply, scratch_purge
+from jobs.services import jobs_dispatch, retention_apply, scratch_purge
 from portal.celery import app
 from portal.core.models import AuditEvent
 from tests import test_cleanup_services as local
@@ -98,7 +98,7 @@ def test_the_daily_purge_sends_one_task_per_cluster_and_tenant_and_each_purges(
 
 
 def run_to_end(job: Job) -> Job:
-    job_dispatch(job_id=job.pk)
+    jobs_dispatch(job_id=job.pk, batch=1)
     wait_for([job], {JobState.COMPLETED})
     job.refresh_from_db()
     return job
@@ -109,7 +109,7 @@ def test_old_timelines_keep_their_first_and_last_event(settings, member, tenant,
     old = run_to_end(submit(member, tenant, catalog, script="#!/bin/bash\ntrue\n"))
     recent = run_to_end(submit(member, tenant, catalog, script="#!/bin/bash\ntrue\n"))
     running = submit(member, tenant, catalog, gpus=1)
-    job_dispatch(job_id=running.pk)
+    jobs_dispatch(job_id=running.pk, batch=1)
     wait_for([running], {JobState.RUNNING})
     long_ago = timezone.now() - timedelta(days=400)
     Job.objects.filter(pk=old.pk).update(finished_at=long_ago)

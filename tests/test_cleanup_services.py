@@ -21,11 +21,11 @@ from jobs.models import Job, JobState
 from jobs.services import (
     JobRequest,
     grants_end,
-    job_dispatch,
     job_finish,
     job_submit,
     jobs_admit,
     jobs_cap_walltime,
+    jobs_dispatch,
     jobs_poll,
     orphans_find,
     tenants_hold_suspended,
@@ -244,7 +244,7 @@ def test_dispatch_refuses_a_job_whose_grant_ended_after_admission(
     job = submit(member, tenant, catalog)  # admitted; its dispatch would follow on commit
     assert job.holds_gpus
     end_grant(big_grant)
-    job_dispatch(job_id=job.pk)
+    jobs_dispatch(job_id=job.pk, batch=1)
     job.refresh_from_db()
     assert (job.state, job.reason, job.holds_gpus, job.backend_id) == ("QUEUED", "grant_ended", False, "")
     assert backend_of(cluster).find(job.token) is None
@@ -309,7 +309,7 @@ def test_dispatch_refuses_a_job_whose_tenant_was_suspended_after_admission(
     job = submit(member, tenant, catalog)
     tenant.state = TenantState.SUSPENDED
     tenant.save(update_fields=["state"])
-    job_dispatch(job_id=job.pk)
+    jobs_dispatch(job_id=job.pk, batch=1)
     job.refresh_from_db()
     assert (job.state, job.reason, job.holds_gpus, job.backend_id) == (
         "QUEUED",
@@ -341,7 +341,7 @@ def test_orphans_are_reported_once_and_cancelled_when_the_setting_says(
     settings.ORPHAN_CANCEL = False
     backend = backend_of(cluster)
     known = submit(member, tenant, catalog, gpus=1)
-    job_dispatch(job_id=known.pk)
+    jobs_dispatch(job_id=known.pk, batch=1)
     known.refresh_from_db()
     orphan_token = uuid.uuid4().hex
     orphan = backend.submit(spec(orphan_token, tenant.slug))  # started behind the portal's back

@@ -17,8 +17,8 @@ from jobs.models import Job, JobState
 from jobs.services import (
     JobRequest,
     grants_end,
-    job_dispatch,
     job_submit,
+    jobs_dispatch,
     jobs_poll,
     orphans_find,
     tenant_apply,
@@ -80,7 +80,7 @@ def test_an_sbatch_with_a_portal_token_the_portal_does_not_know_is_reported_and_
         script="#!/bin/bash\nsleep 300\n", cluster=testbed,
     )  # fmt: skip
     known = job_submit(user=user, request=request)[0]
-    job_dispatch(job_id=known.pk)
+    jobs_dispatch(job_id=known.pk, batch=1)
     known.refresh_from_db()
     token = uuid.uuid4().hex
     orphan = backend.submit(spec(token, tenant.slug))  # a real sbatch, --comment=<a portal-looking token>

@@ -21,8 +21,8 @@ from clusters.backends.base import BackendError, BackendUnavailable, JobRef
 from clusters.backends.slurm import SlurmBackend, ssh
 from clusters.models import Partition
 from jobs.models import Job, JobEvent, JobState
-from jobs.services import _spec, job_cancel, job_submit, jobs_poll
-from jobs.services.dispatch import _claim_batch, _dispatch, jobs_dispatch
+from jobs.services import job_cancel, job_submit, jobs_poll, spec_of
+from jobs.services.dispatch import jobs_claim, jobs_dispatch, jobs_submit_claimed
 from tenants.models import QuotaGrant, Tenant
 from tests.faults_support import slurm_tenant, wait_until
 from tests.test_backend_slurm import job_spec, remove_local, wait_for_end
@@ -191,8 +191,8 @@ def test_a_batch_adopts_a_job_submitted_before_a_crash_rejects_a_refused_one_and
         crashed, fresh = bed.submit(2)
         refused = job_submit(user=bed.user, request=replace(bed.request, tenant=stranger))[0].pk
         # The crash: claimed and submitted, and the dispatcher died before it saved the id.
-        [job] = _claim_batch(crashed, cluster_id=cluster.pk, limit=1)
-        [submitted] = bed.backend.submit_many([_spec(job)])
+        [job] = jobs_claim(crashed, cluster_id=cluster.pk, limit=1)
+        [submitted] = bed.backend.submit_many([spec_of(job)])
         Job.objects.filter(pk=crashed).update(dispatch_lease_until=timezone.now() - timedelta(seconds=1))
 
         assert jobs_dispatch(job_id=fresh) == 3  # its message takes the other two along
@@ -212,11 +212,11 @@ def test_a_batch_adopts_a_job_submitted_before_a_crash_rejects_a_refused_one_and
 def test_a_job_cancelled_while_its_batch_is_submitted_is_cancelled_in_slurm_too(held_bed):
     cluster, bed = held_bed()
     first, second, third = bed.submit(3)
-    jobs = _claim_batch(first, cluster_id=cluster.pk, limit=3)
+    jobs = jobs_claim(first, cluster_id=cluster.pk, limit=3)
     assert [job.pk for job in jobs] == [first, second, third]
     job_cancel(actor=None, job=Job.objects.get(pk=second), reason="cancelled during sbatch")
     assert Job.objects.get(pk=second).state == JobState.CANCELLING
-    _dispatch(bed.backend, jobs)
+    jobs_submit_claimed(bed.backend, jobs)
     cancelled = Job.objects.get(pk=second)
     assert cancelled.state == JobState.CANCELLING and cancelled.backend_id
     assert {Job.objects.get(pk=pk).state for pk in (first, third)} == {JobState.PENDING}

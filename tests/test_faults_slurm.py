@@ -20,7 +20,7 @@ from django.utils import timezone
 from clusters.models import Cluster, Partition
 from clusters.services import backend_of
 from jobs.models import Job, JobState
-from jobs.services import job_dispatch, jobs_poll, jobs_sweep
+from jobs.services import jobs_dispatch, jobs_poll, jobs_sweep
 from jobs.tasks import RETRY, dispatch_job, sweep_jobs
 from portal.celery import app
 from tests.conftest import free_port, stop
@@ -224,7 +224,7 @@ def test_a_transaction_failing_after_sbatch_is_healed_by_find_on_the_next_sweep(
             cursor.execute(TRIGGER.format(job_id=int(job_id)))
         try:
             with pytest.raises(DatabaseError, match="refusing to store the backend id"):
-                job_dispatch(job_id=job_id)  # sbatch goes through; saving its id rolls back
+                jobs_dispatch(job_id=job_id, batch=1)  # sbatch goes through; saving its id rolls back
         finally:
             with connection.cursor() as cursor:
                 cursor.execute(DROP_TRIGGER)

@@ -120,9 +120,9 @@ CRASH_AFTER_SBATCH = """
 import os, signal, django
 django.setup()
 from clusters.services import backend_of
-from jobs.services import _claim, _spec
-job = _claim({job_id})
-backend_of(job.cluster).submit(_spec(job))
+from jobs.services import job_claim, spec_of
+job = job_claim({job_id})
+backend_of(job.cluster).submit(spec_of(job))
 os.kill(os.getpid(), signal.SIGKILL)  # dies after sbatch, before the id is saved
 """
 

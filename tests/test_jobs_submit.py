@@ -7,9 +7,9 @@ import pytest
 from django.utils import timezone
 
 from clusters.models import Cluster, Partition
-from jobs.admission import admission_order
 from jobs.models import Job, JobEvent, JobState
 from jobs.services import jobs_admit
+from jobs.services.admission import admission_order
 from portal.core.models import AuditEvent
 from tenants.models import QuotaGrant, Role, Tenant
 from tests.conftest import join

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster, Partition
 from jobs.models import Job, JobState
-from jobs.services import _claim, jobs_poll
+from jobs.services import job_claim, jobs_poll
 from tenants.models import Membership, QuotaGrant, Role, Tenant
 from tests.conftest import join
 
@@ -136,7 +136,7 @@ def test_a_job_cancelled_after_the_lease_is_not_submitted(client_for, member, pa
     client = client_for(member)
     job_id = client.post("/api/v1/jobs/", job_body(), format="json").json()["id"]
     client.post(f"/api/v1/jobs/{job_id}/cancel/")
-    assert _claim(int(job_id)) is None
+    assert job_claim(int(job_id)) is None
 
 
 def test_a_job_the_scheduler_forgot_becomes_lost_and_frees_its_quota(

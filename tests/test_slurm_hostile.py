@@ -1,5 +1,5 @@
 """A hostile tenant on the real Slurm testbed. Two tenants submit through the portal (job_submit,
-job_dispatch: sbatch over SSH as each tenant's own identity); the attacker's job then tries every
+jobs_dispatch: sbatch over SSH as each tenant's own identity); the attacker's job then tries every
 attack of issue 16 against the victim, from inside its job, with the victim's paths, job id and
 token handed to it (the worst case: it learned them). Each attack is judged from outside, as
 root on this machine: Slurm's own records (scontrol, squeue, sacctmgr), the victim's files and
@@ -18,7 +18,7 @@ from django.utils import timezone
 from clusters.backends.base import JobRef
 from clusters.services import backend_of
 from jobs.models import Job
-from jobs.services import JobRequest, job_dispatch, job_log_tail, job_submit, orphans_find, tenant_apply
+from jobs.services import JobRequest, job_log_tail, job_submit, jobs_dispatch, orphans_find, tenant_apply
 from tenants.models import QuotaGrant, Role, Tenant
 from tests.conftest import join
 from tests.faults_support import wait_until
@@ -109,7 +109,7 @@ def submitted(testbed, catalog, tenant, user, script: str) -> Job:
         script=script, cluster=testbed, partition="h100",
     )  # fmt: skip
     job = job_submit(user=user, request=request)[0]
-    job_dispatch(job_id=job.pk)
+    jobs_dispatch(job_id=job.pk, batch=1)
     job.refresh_from_db()
     assert job.backend_id.isdigit(), (job.state, job.reason)
     return job

@@ -200,14 +200,46 @@ class GpuSample:
     max_pct: float
 
 
+# The longest a scratch purge of one tenant tree may take (a walk over a shared filesystem):
+# purge_scratch's commands run under it, and the purge task's time limit is set from it.
+PURGE_TIMEOUT_S = 300
+
+
 class Backend(Protocol):
+    """What dispatch, the poll and the cleanup ask of a scheduler. Backends subclass it: the
+    batch methods below have a per-job default, which a scheduler that can do better overrides
+    (Slurm: one SSH exec for a whole batch of sbatch calls)."""
+
+    # The most jobs dispatch hands one submit_many call: 1 where submitting in batches gains
+    # nothing (each job is its own API call), so that a batch holds no worker longer than a job.
+    SUBMIT_BATCH = 1
+
     def submit(self, spec: JobSpec) -> str:
         """Submit; return the scheduler's id. Raises BackendUnavailable or BackendError."""
+
+    def submit_many(self, specs: list[JobSpec]) -> list[str | BackendError | None]:
+        """Submit each job; per job, in order: the scheduler's id, the BackendError that refused
+        it (BackendUnavailable: try it again), or None when its outcome is unknown (the
+        connection was cut while it was being submitted: find(token) tells later). Raises
+        BackendUnavailable only when none of them reached the scheduler."""
+        results: list[str | BackendError | None] = []
+        for spec in specs:
+            try:
+                results.append(self.submit(spec))
+            except BackendError as exc:  # BackendUnavailable included: this job is tried again
+                results.append(exc)
+        return results
 
     def find(self, token: str, *, account: str = "", user: str = "") -> str | None:
         """The scheduler's id of the job carrying this token, or None. Where the scheduler knows
         accounts and users (Slurm), a job counts only if its account and user are these too: a
         job that another identity submitted with a copied token is never adopted."""
+
+    def find_many(self, jobs: list[JobRef]) -> dict[str, str]:
+        """find() for many jobs: token → scheduler id of those the scheduler holds under their
+        own account and identity; the others are left out."""
+        found = ((ref.token, self.find(ref.token, account=ref.account, user=ref.user)) for ref in jobs)
+        return {token: backend_id for token, backend_id in found if backend_id}
 
     def cancel(self, backend_id: str, *, user: str = "") -> None:
         """Cancel the job, as `user` where the scheduler has users (as the cluster's operator

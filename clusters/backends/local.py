@@ -100,7 +100,7 @@ def _dt(timestamp: float | None) -> datetime | None:
     return None if timestamp is None else datetime.fromtimestamp(timestamp, tz=UTC)
 
 
-class LocalBackend:
+class LocalBackend(base.Backend):
     """Runs jobs on this machine: a GPU is never shared by two jobs; waiting jobs start FIFO."""
 
     def __init__(

@@ -1,5 +1,11 @@
-"""Every write about jobs, one module per part of a job's flow; imported from here."""
+"""Every write about jobs, one module per part of a job's flow; imported from here.
 
+The modules stand on each other in one direction (docs/architecture.md, "jobs/services"):
+common ← admission ← finish ← {submit, poll, cancel, dispatch} ← {idle, cleanup}; none imports
+one above it, and tests/jobs hold the import graph to that."""
+
+from jobs.services.admission import jobs_admit
+from jobs.services.cancel import job_cancel, job_cancel_in_scheduler
 from jobs.services.cleanup import (
     GrantEndReport,
     OrphanReport,
@@ -15,20 +21,16 @@ from jobs.services.cleanup import (
     scratch_purge_targets,
     tenants_hold_suspended,
 )
-from jobs.services.dispatch import _claim, _spec, job_dispatch, jobs_sweep
-from jobs.services.follow import (
-    job_apply_status,
-    job_cancel,
-    job_cancel_in_scheduler,
-    job_finish,
-    job_log_tail,
-    jobs_poll,
-)
+from jobs.services.dispatch import job_claim, jobs_dispatch, jobs_sweep, spec_of
+from jobs.services.finish import job_finish
 from jobs.services.idle import IdleReport, jobs_watch_idle
 from jobs.services.limits import tenant_apply, tenant_limits
-from jobs.services.submit import JobPreview, JobRequest, job_preview, job_submit, jobs_admit, request_digest
+from jobs.services.logs import job_log_tail
+from jobs.services.poll import jobs_poll
+from jobs.services.submit import IDEMPOTENCY_KEY_MAX, JobPreview, JobRequest, job_preview, job_submit
 
 __all__ = [
+    "IDEMPOTENCY_KEY_MAX",
     "GrantEndReport",
     "IdleReport",
     "JobPreview",
@@ -38,27 +40,25 @@ __all__ = [
     "ScratchReport",
     "SuspendedReport",
     "WalltimeCapReport",
-    "_claim",
-    "_spec",
     "grants_end",
-    "job_apply_status",
     "job_cancel",
     "job_cancel_in_scheduler",
-    "job_dispatch",
+    "job_claim",
     "job_finish",
     "job_log_tail",
     "job_preview",
     "job_submit",
     "jobs_admit",
     "jobs_cap_walltime",
+    "jobs_dispatch",
     "jobs_poll",
     "jobs_sweep",
     "jobs_watch_idle",
     "orphans_find",
-    "request_digest",
     "retention_apply",
     "scratch_purge",
     "scratch_purge_targets",
+    "spec_of",
     "tenant_apply",
     "tenant_limits",
     "tenants_hold_suspended",

@@ -12,31 +12,41 @@ from jobs.states import check_move
 log = logging.getLogger("jobs.services")
 
 
-def _send(task: str, **kwargs) -> None:
+def send_after_commit(task: str, **kwargs) -> None:
     """Enqueue after commit. By name: tasks import services, so services must not import tasks.
     A broker that is down costs the message, not the request: what was committed stays, and
-    the sweep re-sends it from the database once the broker is back (DESIGN.md, step 6)."""
+    the sweep re-sends it from the database once the broker is back (docs/architecture.md,
+    the flow of a job, step 6)."""
 
     def send() -> None:
         try:
-            _send_now(task, **kwargs)
+            send_now(task, **kwargs)
         except OperationalError as exc:
             log.warning("broker unreachable, %s(%s) left to the sweep: %s", task, kwargs, exc)
 
     transaction.on_commit(send)
 
 
-def _send_now(task: str, **kwargs) -> None:
+def send_now(task: str, **kwargs) -> None:
     # ignore_result: nobody waits for these. Outside a worker, Celery would otherwise subscribe
     # to the result backend before publishing, which with Redis down blocks for ~20 s and then
     # leaves the process's result consumer broken until it restarts.
     current_app.send_task(task, kwargs=kwargs, ignore_result=True)
 
 
-def _move(job: Job, to_state: str, *, reason: str = "", raw_state: str = "") -> None:
+def job_move(job: Job, to_state: str, *, reason: str = "", raw_state: str = "") -> None:
     """Change the job's state in memory and record the event; the caller saves the job."""
+    JobEvent.objects.create(job=job, **_moved(job, to_state, reason=reason, raw_state=raw_state))
+
+
+def moved_event(job: Job, to_state: str, *, reason: str = "", raw_state: str = "") -> JobEvent:
+    """job_move for many jobs at once: the same check and change in memory, and the event
+    returned unsaved for one bulk_create; the caller saves the jobs."""
+    return JobEvent(job=job, **_moved(job, to_state, reason=reason, raw_state=raw_state))
+
+
+def _moved(job: Job, to_state: str, *, reason: str, raw_state: str) -> dict:
     check_move(job.state, to_state)
-    JobEvent.objects.create(
-        job=job, from_state=job.state, to_state=to_state, reason=reason, raw_state=raw_state
-    )
+    event = {"from_state": job.state, "to_state": to_state, "reason": reason, "raw_state": raw_state}
     job.state, job.reason, job.raw_state = to_state, reason, raw_state or job.raw_state
+    return event

@@ -1,4 +1,5 @@
-"""Dispatch and the sweep (steps 3 and 6): the database is the source of truth, not the queue."""
+"""Dispatch and the sweep (docs/architecture.md, the flow of a job, steps 3 and 6): the
+database is the source of truth, not the queue."""
 
 from datetime import timedelta
 
@@ -19,29 +20,25 @@ from clusters.breaker import ClusterBusy, breakers_cooling, cluster_slot
 from clusters.models import Cluster
 from clusters.services import backend_of, cluster_answered, cluster_available, cluster_mark_health
 from jobs.models import Job, JobEvent, JobState
-from jobs.services.common import _send_now
-from jobs.services.follow import job_finish, moved_event
+from jobs.services.admission import job_held_back, job_unadmit_if_held, jobs_admit
+from jobs.services.common import moved_event, send_now
+from jobs.services.finish import job_finish
 from jobs.services.stall import jobs_hold_for_cluster
-from jobs.services.submit import job_held_back, job_unadmit_if_held, jobs_admit
 from tenants.models import QuotaGrant
-
-# Jobs one dispatcher claims and submits together: on Slurm, one SSH exec of as many sbatch
-# calls, about 5 ms each, so a batch holds its worker well under a second and its leases far
-# less than JOB_DISPATCH_LEASE_S.
-DISPATCH_BATCH = 50
 
 # --- Dispatch
 
 
-def _claim(job_id: int) -> Job | None:
-    """The dispatch lease of this one job (_claim_batch with a limit of 1), SUBMITTING; None when
+def job_claim(job_id: int) -> Job | None:
+    """The dispatch lease of this one job (jobs_claim with a limit of 1), SUBMITTING; None when
     it is not claimable: another dispatcher holds it, or it was cancelled, ended or held back."""
     cluster_id = Job.objects.filter(pk=job_id).values_list("cluster_id", flat=True).first()
-    jobs = _claim_batch(job_id, cluster_id=cluster_id, limit=1) if cluster_id else []
+    jobs = jobs_claim(job_id, cluster_id=cluster_id, limit=1) if cluster_id else []
     return jobs[0] if jobs else None
 
 
-def _spec(job: Job) -> JobSpec:
+def spec_of(job: Job) -> JobSpec:
+    """What the backend is given to submit the job."""
     return JobSpec(
         token=job.token,
         name=job.name,
@@ -64,24 +61,21 @@ def _spec(job: Job) -> JobSpec:
     )
 
 
-def job_dispatch(*, job_id: int) -> None:
-    """QUEUED (admitted) → SUBMITTING → PENDING, this one job. Safe to run twice and after a
-    crash anywhere: the lease lets one dispatcher work at a time, and any attempt after the
-    first asks the scheduler for the job's token before it submits again."""
-    jobs_dispatch(job_id=job_id, batch=1)
+def jobs_dispatch(*, job_id: int, retry: bool = False, batch: int | None = None) -> int:
+    """QUEUED (admitted) → SUBMITTING → PENDING: what the dispatch task runs. The job and up to
+    batch - 1 other admitted jobs of its cluster that no dispatcher holds, claimed together and
+    sent in one exchange with the scheduler (backend.submit_many; Slurm: one SSH exec for all
+    their sbatch calls). `batch` is at most the backend's SUBMIT_BATCH, which it is by default.
 
-
-def jobs_dispatch(*, job_id: int, retry: bool = False, batch: int = DISPATCH_BATCH) -> int:
-    """What the dispatch task runs: the job and up to batch - 1 other admitted jobs of its
-    cluster that no dispatcher holds, claimed together and sent in one exchange with a scheduler
-    that submits in batches (Slurm: one SSH exec for all their sbatch calls). Every job keeps
-    job_dispatch's guarantees: its own lease, find(token) before a second submission, REJECTED
-    on a refusal, the scheduler's copy cancelled if the job was cancelled meanwhile.
+    Safe to run twice and after a crash anywhere: each job has its own lease, so that one
+    dispatcher works on it at a time; any attempt after its first asks the scheduler for its
+    token before submitting again; a refusal makes it REJECTED; a job cancelled meanwhile has
+    the scheduler's copy cancelled.
 
     A message whose job another dispatcher's batch took along costs one indexed query and
     ends, since each waiting job has a message of its own. A retry (`retry`: the last batch
     left jobs to try again, whose own messages are spent) takes what waits even then. Returns
-    how many jobs this call took. A backend without submit_many takes the one job."""
+    how many jobs this call took."""
     if not retry and not Job.objects.filter(_claimable(timezone.now()), pk=job_id).exists():
         return 0
     cluster = Cluster.objects.filter(jobs=job_id).first()
@@ -100,11 +94,13 @@ def jobs_dispatch(*, job_id: int, retry: bool = False, batch: int = DISPATCH_BAT
         return _dispatch_batch(job_id, cluster=cluster, batch=batch)
 
 
-def _dispatch_batch(job_id: int, *, cluster: Cluster, batch: int) -> int:
+def _dispatch_batch(job_id: int, *, cluster: Cluster, batch: int | None) -> int:
     backend = backend_of(cluster)
-    jobs = _claim_batch(job_id, cluster_id=cluster.pk, limit=batch if hasattr(backend, "submit_many") else 1)
+    jobs = jobs_claim(
+        job_id, cluster_id=cluster.pk, limit=min(batch or backend.SUBMIT_BATCH, backend.SUBMIT_BATCH)
+    )
     if jobs:
-        _dispatch(backend, jobs)
+        jobs_submit_claimed(backend, jobs)
         cluster_answered(cluster=cluster)  # raised otherwise: an answer closes its breaker
     return len(jobs)
 
@@ -115,7 +111,7 @@ def _claimable(now) -> Q:
     return claimable & (Q(dispatch_lease_until__isnull=True) | Q(dispatch_lease_until__lt=now))
 
 
-def _claim_batch(job_id: int, *, cluster_id: int, limit: int) -> list[Job]:
+def jobs_claim(job_id: int, *, cluster_id: int, limit: int) -> list[Job]:
     """Take the dispatch leases of up to `limit` claimable jobs of one cluster, the given job
     first (with a limit of 1, that job alone): the leases in one transaction, rows another
     dispatcher is locking skipped rather than waited for, so of two dispatchers one wins each
@@ -167,13 +163,13 @@ def _claim_batch(job_id: int, *, cluster_id: int, limit: int) -> list[Job]:
     return claimed
 
 
-def _dispatch(backend: Backend, jobs: list[Job]) -> None:
+def jobs_submit_claimed(backend: Backend, jobs: list[Job]) -> None:
     """Submit claimed SUBMITTING jobs of one cluster and record what became of each. Raises
     BackendUnavailable when any of them must be tried again, so that the task retries."""
     cluster = jobs[0].cluster
     by_pk = {job.pk: job for job in jobs}
     try:
-        outcome = _submit(backend, jobs)
+        outcome = _scheduler_ids(backend, jobs)
     except BackendUnavailable as exc:  # nothing reached the scheduler
         cluster_mark_health(cluster=cluster, healthy=False, detail=str(exc))
         Job.objects.filter(pk__in=by_pk).update(dispatch_lease_until=None)  # the retry may go at once
@@ -199,42 +195,26 @@ def _dispatch(backend: Backend, jobs: list[Job]) -> None:
         raise BackendUnavailable(f"{len(again) + len(unknown)} of {len(jobs)} jobs not submitted: {detail}")
 
 
-def _submit(backend: Backend, jobs: list[Job]) -> dict[int, str | BackendError | None]:
+def _scheduler_ids(backend: Backend, jobs: list[Job]) -> dict[int, str | BackendError | None]:
     """Per job: the scheduler's id (found by token for a job tried before, else submitted), a
-    BackendError, or None when its outcome is unknown (see SlurmBackend.submit_many)."""
+    BackendError, or None when its outcome is unknown (Backend.submit_many)."""
     retried = [job for job in jobs if job.dispatch_attempts > 1]
-    found = _find(backend, retried) if retried else {}
+    found = backend.find_many([_ref(job) for job in retried]) if retried else {}
     outcome: dict[int, str | BackendError | None] = {
         job.pk: found[job.token] for job in retried if job.token in found
     }
     fresh = [job for job in jobs if job.pk not in outcome]
     if not fresh:
         return outcome
-    if hasattr(backend, "submit_many"):
-        results = backend.submit_many([_spec(job) for job in fresh])
-    else:
-        results = []
-        for job in fresh:
-            try:
-                results.append(backend.submit(_spec(job)))
-            except BackendError as exc:  # BackendUnavailable included: this job is tried again
-                results.append(exc)
+    results = backend.submit_many([spec_of(job) for job in fresh])
     outcome.update(zip([job.pk for job in fresh], results, strict=True))
     return outcome
 
 
-def _find(backend: Backend, jobs: list[Job]) -> dict[str, str]:
-    """token → scheduler id of the jobs the scheduler already holds under their own account and
-    identity (a job with a copied token under another is never adopted)."""
-    refs = [_ref(job) for job in jobs]
-    if hasattr(backend, "find_many"):
-        return backend.find_many(refs)
-    found = ((ref.token, backend.find(ref.token, account=ref.account, user=ref.user)) for ref in refs)
-    return {token: backend_id for token, backend_id in found if backend_id}
-
-
-def _ref(job: Job, backend_id: str = "") -> JobRef:
-    return JobRef(backend_id=backend_id, token=job.token, account=job.tenant.slug, user=job.cluster_user)
+def _ref(job: Job) -> JobRef:
+    """For find_many: a job counts only under its own account and identity (a job with a copied
+    token under another is never adopted)."""
+    return JobRef(backend_id="", token=job.token, account=job.tenant.slug, user=job.cluster_user)
 
 
 def _save_submitted(backend: Backend, submitted: dict[int, str]) -> None:
@@ -266,7 +246,7 @@ def _save_submitted(backend: Backend, submitted: dict[int, str]) -> None:
         try:
             backend.cancel(submitted[job.pk], user=job.cluster_user)
         except BackendUnavailable:
-            _send_now("jobs.tasks.cancel_job", job_id=job.pk, backend_id=submitted[job.pk])
+            send_now("jobs.tasks.cancel_job", job_id=job.pk, backend_id=submitted[job.pk])
 
 
 # --- Sweep
@@ -288,7 +268,7 @@ def jobs_sweep() -> int:
         .values_list("pk", flat=True)
     )
     for job_id in resend:
-        _send_now("jobs.tasks.dispatch_job", job_id=job_id)
+        send_now("jobs.tasks.dispatch_job", job_id=job_id)
     for cluster_id in cooling:
         jobs_hold_for_cluster(cluster_id=cluster_id)  # they say why they wait
     waiting = Job.objects.filter(state=JobState.QUEUED, holds_gpus=False).values_list(
@@ -301,7 +281,7 @@ def jobs_sweep() -> int:
         _cancel_unsubmitted(job)
     # A cancel whose message was lost: ask again (scancel of an ended job is a no-op).
     for job_id in cancelling.exclude(backend_id="").values_list("pk", flat=True):
-        _send_now("jobs.tasks.cancel_job", job_id=job_id)
+        send_now("jobs.tasks.cancel_job", job_id=job_id)
     return len(resend)
 
 

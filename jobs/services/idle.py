@@ -32,7 +32,7 @@ from clusters.gpu_metrics import (
 from clusters.models import Cluster
 from clusters.services import backend_of
 from jobs.models import Job, JobState
-from jobs.services.follow import job_cancel
+from jobs.services.cancel import job_cancel
 from portal.core.services import audit_record
 from tenants.mail import mail_on_commit
 

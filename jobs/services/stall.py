@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from clusters.breaker import REASON_UNAVAILABLE
 from jobs.models import Job
-from jobs.services.common import _send
+from jobs.services.common import send_after_commit
 
 
 def _waiting(cluster_id: int) -> Q:
@@ -33,5 +33,5 @@ def jobs_dispatch_resume(*, cluster_id: int) -> int:
     dispatcher's batch took along ends after one query. Returns how many were sent."""
     ids = list(Job.objects.filter(_waiting(cluster_id)).order_by("pk").values_list("pk", flat=True))
     for job_id in ids:
-        _send("jobs.tasks.dispatch_job", job_id=job_id)
+        send_after_commit("jobs.tasks.dispatch_job", job_id=job_id)
     return len(ids)

@@ -1,38 +1,31 @@
-"""Submit and admit (DESIGN.md, Flow of one job, steps 1 and 2). Locks are taken in one order,
-the partition first and several grants in id order, so that submission, admission and
-settlement never deadlock: an end locks partition → jobs → grants; admission locks partition →
-grants and then writes the waiting jobs, which nobody locks without the partition's lock (a
-submission inserts its job and locks only its grant). Partition and grant rows are locked FOR
-NO KEY UPDATE: admission and the ledger still serialise on them, and a submission may meanwhile
-insert a job that refers to them (the foreign key's check takes FOR KEY SHARE, which a plain
-FOR UPDATE would make wait)."""
+"""Submit (docs/architecture.md, the flow of a job, step 1): check a request, reserve its
+GPU-hours on a grant, store the QUEUED job, then hand it to admission (admission.py). A
+submission locks only its grant's row and takes no partition lock, so submissions to one
+partition do not wait for each other."""
 
-import contextlib
 import hashlib
 import json
 import math
 import re
 from dataclasses import dataclass, field
-from datetime import date
 from decimal import ROUND_CEILING, Decimal
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.core.cache import cache
 from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from clusters.models import Cluster, GpuModel, JobIdentity, Partition, Scenario
-from jobs import admission
 from jobs.job_templates import TemplateInvalid, render_template
-from jobs.models import Job, JobEvent, JobState, Priority
-from jobs.services.common import _send, log
+from jobs.models import PRIORITY_ORDER, Job, JobEvent, JobState, Priority
+from jobs.services.admission import gpus_held_on, jobs_admit_soon
+from jobs.services.common import log, send_after_commit
 from portal.core.errors import Conflict, Invalid
 from portal.core.services import audit_record
 from tenants.errors import NoQuota, QuotaExhausted, TenantSuspended
 from tenants.models import QuotaGrant, Tenant, TenantState, Tier
 from tenants.selectors import job_identity_of
-from tenants.services import grant_reserve, grant_settle, grant_take_gpus
+from tenants.services import grant_reserve
 
 # A tenant's tier caps the priority its jobs may ask for within it.
 MAX_PRIORITY = {
@@ -41,7 +34,6 @@ MAX_PRIORITY = {
     Tier.HIGH: Priority.HIGH,
     Tier.CRITICAL: Priority.HIGH,
 }
-PRIORITY_ORDER = [Priority.LOW, Priority.NORMAL, Priority.HIGH]
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 # Set by the portal or the scheduler: a job may not override them.
 RESERVED_ENV = re.compile(
@@ -49,6 +41,7 @@ RESERVED_ENV = re.compile(
 )
 MAX_ENV = 64
 MAX_SCRIPT_BYTES = 64 * 1024
+IDEMPOTENCY_KEY_MAX = 128
 
 
 @dataclass(frozen=True)
@@ -71,9 +64,23 @@ class JobRequest:
     partition: str = ""
 
 
-def request_digest(body: dict) -> str:
-    """The fingerprint an Idempotency-Key is bound to: the same key with another body is a conflict."""
-    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+@dataclass(frozen=True)
+class _Idempotency:
+    """A submission's Idempotency-Key and the fingerprint of the body it came with: the same
+    key again with the same body answers the first job, with another body a conflict."""
+
+    key: str
+    digest: str
+
+
+def _idempotency(key: str, body: dict | None) -> _Idempotency | None:
+    """None without a key; a key longer than IDEMPOTENCY_KEY_MAX is a 400 naming the header."""
+    if not key:
+        return None
+    if len(key) > IDEMPOTENCY_KEY_MAX:
+        raise Invalid({"Idempotency-Key": f"At most {IDEMPOTENCY_KEY_MAX} characters."})
+    digest = hashlib.sha256(json.dumps(body or {}, sort_keys=True, default=str).encode()).hexdigest()
+    return _Idempotency(key, digest)
 
 
 # --- Submit
@@ -110,7 +117,7 @@ def _pick_partition(request: JobRequest) -> Partition:
         raise Invalid({field_name: f"No enabled partition offers {request.gpu_model.slug} here."})
     if len(candidates) == 1:
         return candidates[0]
-    free = {p.pk: p.gpus_total - admission.gpus_held_on(p.pk) for p in candidates}
+    free = {p.pk: p.gpus_total - gpus_held_on(p.pk) for p in candidates}
     return max(candidates, key=lambda p: (p.cluster.healthy, free[p.pk], -p.pk))
 
 
@@ -162,13 +169,8 @@ def _script(request: JobRequest, partition: Partition) -> str:
 
 
 def _matching_grants(request: JobRequest):
-    today = timezone.localdate()
-    return QuotaGrant.objects.filter(
-        tenant=request.tenant,
-        scenario=request.scenario,
-        gpu_model=request.gpu_model,
-        starts_on__lte=today,
-        ends_on__gte=today,
+    return QuotaGrant.objects.active_on(timezone.localdate()).filter(
+        tenant=request.tenant, scenario=request.scenario, gpu_model=request.gpu_model
     )
 
 
@@ -275,29 +277,31 @@ def _mem(request: JobRequest, partition: Partition) -> int:
     return min(request.scenario.mem_per_gpu_mb, partition.max_mem_per_gpu_mb or math.inf)
 
 
-def _earlier(user: AbstractBaseUser, idempotency_key: str, digest: str) -> Job | None:
-    earlier = Job.objects.filter(submitted_by=user, idempotency_key=idempotency_key).first()
-    if earlier is not None and earlier.request_digest != digest:
+def _earlier(user: AbstractBaseUser, idempotency: _Idempotency) -> Job | None:
+    earlier = Job.objects.filter(submitted_by=user, idempotency_key=idempotency.key).first()
+    if earlier is not None and earlier.request_digest != idempotency.digest:
         raise Conflict("This Idempotency-Key was used with a different request.")
     return earlier
 
 
 def job_submit(
-    *, user: AbstractBaseUser, request: JobRequest, idempotency_key: str = "", digest: str = ""
+    *, user: AbstractBaseUser, request: JobRequest, idempotency_key: str = "", body: dict | None = None
 ) -> tuple[Job, bool]:
     """A QUEUED job with GPUs × walltime reserved on the tenant's grant, then admission on its
     partition: at once when its GPUs are free (dispatch follows) or left waiting with reason
     quota_wait or capacity_wait. Should another submission or end be admitting on the partition
     at that moment, the admit task does it right after (jobs_admit_soon). Returns (job,
-    created): a repeated Idempotency-Key returns the first job."""
-    if idempotency_key and (earlier := _earlier(user, idempotency_key, digest)):
+    created): a repeated Idempotency-Key returns the first job, given the same request body
+    (the body as the client sent it: its fingerprint is what a repeat must match)."""
+    idempotency = _idempotency(idempotency_key, body)
+    if idempotency and (earlier := _earlier(user, idempotency)):
         return earlier, False
     try:
-        job = _submit(user=user, request=request, idempotency_key=idempotency_key, digest=digest)
+        job = _job_insert(user=user, request=request, idempotency=idempotency)
     except IntegrityError:
         # The same key from the same user at the same instant: the other request won, and this
         # one's transaction (its reservation included) rolled back whole.
-        earlier = _earlier(user, idempotency_key, digest) if idempotency_key else None
+        earlier = _earlier(user, idempotency) if idempotency else None
         if earlier is None:
             raise
         return earlier, False
@@ -307,12 +311,12 @@ def job_submit(
         log.warning(
             "admission after job %s failed, left to the admit task: %s", job.pk, exc.__class__.__name__
         )
-        _send("jobs.tasks.admit_partition", partition_id=job.partition_id)
+        send_after_commit("jobs.tasks.admit_partition", partition_id=job.partition_id)
     return job, True
 
 
 @transaction.atomic
-def _submit(*, user: AbstractBaseUser, request: JobRequest, idempotency_key: str, digest: str) -> Job:
+def _job_insert(*, user: AbstractBaseUser, request: JobRequest, idempotency: _Idempotency | None) -> Job:
     """The job, its reservation (the grant's row lock), event and audit, in one transaction that
     takes no partition lock: submissions to one partition do not wait for each other."""
     partition, script = _checked(request)
@@ -341,8 +345,8 @@ def _submit(*, user: AbstractBaseUser, request: JobRequest, idempotency_key: str
         template=request.template,
         parameters=request.parameters,
         reserved_gpu_hours=hours,
-        idempotency_key=idempotency_key,
-        request_digest=digest,
+        idempotency_key=idempotency.key if idempotency else "",
+        request_digest=idempotency.digest if idempotency else "",
     )
     JobEvent.objects.create(job=job, from_state="", to_state=JobState.QUEUED, reason="submitted")
     audit_record(
@@ -353,164 +357,3 @@ def _submit(*, user: AbstractBaseUser, request: JobRequest, idempotency_key: str
         data={"gpus": job.gpus, "gpu_model": request.gpu_model.slug, "gpu_hours_reserved": str(hours)},
     )
     return job
-
-
-# --- Admission
-
-
-def job_held_back(job: Job, *, grant: QuotaGrant, today: date) -> str:
-    """Why the job's own tenant holds it back from starting, or "": a suspended tenant
-    (tenant_suspended) or a grant no longer active (grant_ended). Admission and dispatch both
-    ask, so that neither starts work that the cleanup (jobs/services/cleanup.py) would stop."""
-    if job.tenant.state != TenantState.ACTIVE:
-        return "tenant_suspended"
-    if not grant.is_active_on(today):
-        return "grant_ended"
-    return ""
-
-
-def job_unadmit_if_held(job: Job) -> bool:
-    """Dispatch's check: an admitted QUEUED job whose tenant was suspended or whose grant ended
-    since admission gives its GPUs back and waits again with that reason, never submitted. The
-    caller holds the job's lock; the grant's is taken after it (partition → job → grant)."""
-    held = job_held_back(job, grant=QuotaGrant.objects.get(pk=job.grant_id), today=timezone.localdate())
-    if not held:
-        return False
-    grant_settle(
-        grant_id=job.grant_id, reserved_gpu_hours=Decimal(0), used_gpu_hours=Decimal(0), gpus=job.gpus
-    )
-    job.holds_gpus, job.reason, job.dispatch_lease_until = False, held, None
-    job.save(update_fields=["holds_gpus", "reason", "dispatch_lease_until"])
-    partition_id = job.partition_id
-    transaction.on_commit(lambda: jobs_admit_soon(partition_id=partition_id))  # its GPUs go to the next
-    return True
-
-
-def _admit(partition: Partition, new: Job | None = None) -> list[int]:
-    """Give free GPUs to waiting jobs in admission order; the caller holds the partition lock.
-
-    A job held back by its own tenant (a full grant, a suspended tenant, an ended grant) is
-    skipped; the first that waits for the partition's capacity stops the line. With no GPU
-    free nobody can start, and only the jobs that have no reason yet (just submitted) get one:
-    `new` alone when given (a submission's own job, which then holds what the pass decided)."""
-    free = partition.gpus_total - admission.gpus_held_on(partition.pk)
-    if free <= 0:
-        _mark_waiting(partition, new)
-        return []
-    waiting = admission.waiting_on(partition.pk)
-    # Every grant this pass may touch, locked in one statement in id order: two admissions on
-    # partitions that share a grant then queue on it instead of deadlocking.
-    locked = (
-        QuotaGrant.objects.select_for_update(no_key=True)
-        .filter(pk__in={j.grant_id for j in waiting})
-        .order_by("pk")
-    )
-    grants = {grant.pk: grant for grant in locked}
-    today = timezone.localdate()
-    admitted = []
-    for job in admission.admission_order(waiting):
-        before = job.reason
-        grant = grants[job.grant_id]
-        if held := job_held_back(job, grant=grant, today=today):
-            job.reason = held
-        elif grant.gpus_in_use + job.gpus > grant.gpus:
-            job.reason = admission.QUOTA_WAIT
-        elif job.gpus > free:
-            job.reason = admission.CAPACITY_WAIT
-            free = 0  # strict order: nobody passes a job that waits for capacity
-        elif not grant_take_gpus(grant_id=job.grant_id, gpus=job.gpus):
-            job.reason = admission.QUOTA_WAIT
-        else:
-            grant.gpus_in_use += job.gpus
-            free -= job.gpus
-            job.holds_gpus, job.reason = True, ""
-            admitted.append(job.pk)
-        if job.holds_gpus or job.reason != before:
-            Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
-                reason=job.reason, holds_gpus=job.holds_gpus
-            )
-    for job_id in admitted:
-        _send("jobs.tasks.dispatch_job", job_id=job_id)
-    if new is not None and (decided := next((job for job in waiting if job.pk == new.pk), None)):
-        new.holds_gpus, new.reason = decided.holds_gpus, decided.reason
-    return admitted
-
-
-def _mark_waiting(partition: Partition, new: Job | None) -> None:
-    """The reasons _admit would give, with no GPU free, to the waiting jobs that have none:
-    held back by their tenant, quota_wait on a full grant, else capacity_wait. For a
-    submission's own job, one UPDATE from the tenant and grant the submission read."""
-    today = timezone.localdate()
-    if new is not None:
-        new.reason = _waiting_reason(new, today)
-        Job.objects.filter(pk=new.pk, state=JobState.QUEUED, holds_gpus=False, reason="").update(
-            reason=new.reason
-        )
-        return
-    jobs = list(
-        Job.objects.select_for_update(of=("self",))
-        .filter(partition_id=partition.pk, state=JobState.QUEUED, holds_gpus=False, reason="")
-        .select_related("tenant", "grant")
-    )
-    for job in jobs:
-        job.reason = _waiting_reason(job, today)
-        job.save(update_fields=["reason"])
-
-
-def _waiting_reason(job: Job, today: date) -> str:
-    quota_full = job.grant.gpus_in_use + job.gpus > job.grant.gpus
-    return job_held_back(job, grant=job.grant, today=today) or (
-        admission.QUOTA_WAIT if quota_full else admission.CAPACITY_WAIT
-    )
-
-
-@transaction.atomic
-def jobs_admit(*, partition_id: int) -> list[int]:
-    """Admit what fits on the partition now; returns the admitted job ids."""
-    return _admit(
-        Partition.objects.select_for_update(no_key=True, of=("self",))
-        .select_related("cluster")
-        .get(pk=partition_id)
-    )
-
-
-# How long a sent admit task stands for the partition's next pass: submissions meanwhile send none.
-ADMIT_PENDING_S = 30
-
-
-def jobs_admit_soon(*, partition_id: int, job: Job | None = None) -> None:
-    """Admission on the partition after a submission or an end: here and now when nobody else
-    holds the partition (a submission's `job` then holds its outcome), else (another submission
-    or end is admitting there) by the admit task, which waits for the lock and then sees what
-    changed. One such task at a time per partition: the first to find the partition busy sends
-    it, and the task clears the mark as it starts. A mark whose task was lost runs out after
-    ADMIT_PENDING_S; the sweep admits meanwhile."""
-    with transaction.atomic():
-        partition = (
-            Partition.objects.select_for_update(no_key=True, of=("self",), skip_locked=True)
-            .select_related("cluster")
-            .filter(pk=partition_id)
-            .first()
-        )
-        if partition is not None:
-            _admit(partition, new=job)
-            return
-    try:
-        first = cache.add(admit_mark(partition_id), 1, ADMIT_PENDING_S)
-    except Exception as exc:  # the cache's own errors (Redis down) differ by backend
-        log.warning("admit mark unavailable, sending the admit task anyway: %s", exc.__class__.__name__)
-        first = True
-    if first:
-        _send("jobs.tasks.admit_partition", partition_id=partition_id)
-
-
-def jobs_admit_marked(*, partition_id: int) -> list[int]:
-    """What the admit task runs: the mark goes first, so that a submission from now on sends
-    another task if it needs one, then the pass (waiting for the partition's lock)."""
-    with contextlib.suppress(Exception):  # the cache's own errors differ; the mark runs out anyway
-        cache.delete(admit_mark(partition_id))
-    return jobs_admit(partition_id=partition_id)
-
-
-def admit_mark(partition_id: int) -> str:
-    return f"jobs:admit-pending:{partition_id}"

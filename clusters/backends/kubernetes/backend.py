@@ -21,6 +21,7 @@ from kubernetes.utils.quantity import parse_quantity
 
 from clusters.backends.base import (
     END_STATES,
+    Backend,
     BackendError,
     ClusterConfig,
     GpuSample,
@@ -114,7 +115,7 @@ def overlay(current: dict, desired: dict) -> dict:
     return merged
 
 
-class KubernetesBackend:
+class KubernetesBackend(Backend):
     """The official client against one cluster's API server."""
 
     def __init__(self, config: ClusterConfig, *, connect_timeout_s: float = 5, request_timeout_s: float = 30):

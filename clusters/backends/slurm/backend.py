@@ -54,8 +54,6 @@ ACCOUNT_CHUNK = 500
 UTC_ENV = ["env", "TZ=UTC"]
 SQUEUE_FIELDS = "JobID:|,State:|,Reason:|,NodeList:|,StartTime:|,EndTime:|,exit_code:|"
 SACCT_FIELDS = "JobID,State,ExitCode,Start,End,NodeList,Reason"
-# A purge walks a whole tenant tree on a shared filesystem: more time than a Slurm command.
-PURGE_TIMEOUT_S = 300
 LOG_ACCOUNTS_PER_CALL = 100  # tenant directories per find of old job logs
 # A path that the batch's shell script keeps in a "|"-separated list and compares as text.
 SCRATCH_ROOT_RE = re.compile(r"/[A-Za-z0-9_./-]*")
@@ -72,7 +70,10 @@ class _Record:
     exit_code: int | None
 
 
-class SlurmBackend:
+class SlurmBackend(base.Backend):
+    # One SSH exec of as many sbatch calls, about 5 ms each: a batch holds its dispatcher well
+    # under a second, and its jobs' dispatch leases far less than JOB_DISPATCH_LEASE_S.
+    SUBMIT_BATCH = 50
     """Slurm over SSH. `commands` lists the argv of every remote command this instance ran."""
 
     def __init__(
@@ -418,7 +419,7 @@ class SlurmBackend:
             directory = self._job_dir(account, user)
             result = self.run(
                 self._as(user, scratch.purge_argv(directory, older_than_days=days, dry_run=dry_run)),
-                timeout_s=max(self.command_timeout_s, PURGE_TIMEOUT_S),
+                timeout_s=max(self.command_timeout_s, base.PURGE_TIMEOUT_S),
             )
             report = scratch.parse_report(result.stdout, dry_run=dry_run)
             if result.rc != 0 and not (not result.stdout and "No such file or directory" in result.stderr):
@@ -453,7 +454,9 @@ class SlurmBackend:
         ):
             directories = [self._job_dir(account, user) for account in chunk]
             argv = scratch.old_logs_argv(directories, older_than_minutes=minutes, dry_run=dry_run)
-            result = self.run(self._as(user, argv), timeout_s=max(self.command_timeout_s, PURGE_TIMEOUT_S))
+            result = self.run(
+                self._as(user, argv), timeout_s=max(self.command_timeout_s, base.PURGE_TIMEOUT_S)
+            )
             if result.rc not in (0, 1):  # 1: a tenant directory not made yet, or an unreadable entry
                 raise ssh.failure(replace(result, argv=["find"]))
             for path in filter(None, result.stdout.split("\0")):

@@ -1,0 +1,279 @@
+"""Admission: who may start now on a partition, in which order, holding which grant's GPUs
+(docs/architecture.md, the flow of a job, step 2). Submit, the ends of jobs and dispatch stand
+on it; it stands on no other service of jobs.
+
+Order: the tenant's tier, then the job's priority, then the tenant's recent GPU-hours (fair
+share: usage decays by half every FAIR_SHARE_HALF_LIFE_DAYS, so a team that ran a lot last
+month is not punished forever), then age. A job that does not fit the partition's free GPUs
+stops the line, so that a large job is not starved by a stream of small ones; a job held back
+by its own grant's concurrent limit (quota_wait) does not, since that limit is its tenant's
+alone.
+
+Locks are taken in one order, the partition first and several grants in id order, so that
+submission, admission and settlement never deadlock: an end locks partition → jobs → grants;
+admission locks partition → grants and then writes the waiting jobs, which nobody locks without
+the partition's lock (a submission inserts its job and locks only its grant). Partition and
+grant rows are locked FOR NO KEY UPDATE: admission and the ledger still serialise on them, and
+a submission may meanwhile insert a job that refers to them (the foreign key's check takes FOR
+KEY SHARE, which a plain FOR UPDATE would make wait)."""
+
+import contextlib
+from datetime import date, timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import transaction
+from django.db.models import Sum
+from django.db.models.functions import TruncDate
+from django.utils import timezone
+
+from clusters.models import Partition
+from jobs.models import PRIORITY_ORDER, Job, JobState
+from jobs.services.common import log, send_after_commit
+from tenants.models import QuotaGrant, TenantState, Tier
+from tenants.services import grant_settle, grant_take_gpus
+
+TIER_RANK = {Tier.CRITICAL: 0, Tier.HIGH: 1, Tier.NORMAL: 2, Tier.LOW: 3}
+PRIORITY_RANK = {priority: -rank for rank, priority in enumerate(PRIORITY_ORDER)}  # the highest first
+FAIR_SHARE_WINDOW = timedelta(days=30)
+
+QUOTA_WAIT = "quota_wait"
+CAPACITY_WAIT = "capacity_wait"
+
+
+# Fair-share usage moves by the day; a pass may read a tenant's from a minute ago.
+FAIR_SHARE_CACHE_S = 60
+
+
+def recent_usage(tenant_ids: set[int]) -> dict[int, Decimal]:
+    """Decayed GPU-hours of each tenant over the last 30 days: from the cache where a pass of
+    the last minute computed it, the others from one grouped query. A queue of thousands makes
+    a pass after every job's end, and the query over a month of jobs was most of its cost."""
+    keys = {f"admission:fair-share:{tenant_id}": tenant_id for tenant_id in tenant_ids}
+    try:
+        usage = {keys[key]: value for key, value in cache.get_many(list(keys)).items()}
+    except Exception:  # the cache's own errors (Redis down) differ by backend: compute them all
+        usage = {}
+    if missing := tenant_ids - usage.keys():
+        computed = _recent_usage(missing)
+        usage |= computed
+        with contextlib.suppress(Exception):
+            cache.set_many({f"admission:fair-share:{k}": v for k, v in computed.items()}, FAIR_SHARE_CACHE_S)
+    return usage
+
+
+def _recent_usage(tenant_ids: set[int]) -> dict[int, Decimal]:
+    now = timezone.now()
+    rows = (
+        Job.objects.filter(
+            tenant_id__in=tenant_ids, finished_at__gte=now - FAIR_SHARE_WINDOW, gpu_hours__gt=0
+        )
+        .annotate(day=TruncDate("finished_at"))
+        .values("tenant_id", "day")
+        .annotate(hours=Sum("gpu_hours"))
+    )
+    half_life = settings.FAIR_SHARE_HALF_LIFE_DAYS
+    usage = dict.fromkeys(tenant_ids, Decimal(0))
+    for row in rows:
+        age_days = (now.date() - row["day"]).days
+        usage[row["tenant_id"]] += row["hours"] * Decimal(0.5 ** (age_days / half_life))
+    return usage
+
+
+def admission_order(jobs: list[Job]) -> list[Job]:
+    """Waiting jobs in the order they get GPUs (their tenants must be loaded). Usage is read only
+    when the line holds more than one tenant: it orders tenants, never one tenant's own jobs."""
+    tenant_ids = {job.tenant_id for job in jobs}
+    usage = recent_usage(tenant_ids) if len(tenant_ids) > 1 else dict.fromkeys(tenant_ids, Decimal(0))
+    return sorted(
+        jobs,
+        key=lambda job: (
+            TIER_RANK[job.tenant.tier],
+            PRIORITY_RANK[job.priority],
+            usage[job.tenant_id],
+            job.created,
+            job.id,
+        ),
+    )
+
+
+def waiting_on(partition_id: int) -> list[Job]:
+    """The partition's waiting jobs, with what admission reads of them. Not locked row by row:
+    every change to a waiting job (admission, an end, a cleanup) holds the partition's lock, and
+    locking a queue of thousands on every pass cost more than the pass."""
+    return list(
+        Job.objects.filter(partition_id=partition_id, state=JobState.QUEUED, holds_gpus=False)
+        .select_related("tenant")
+        .only(*WAITING_FIELDS)
+    )
+
+
+WAITING_FIELDS = (
+    *("id", "grant_id", "gpus", "priority", "created", "reason", "holds_gpus", "state", "partition_id"),
+    *("tenant__tier", "tenant__state", "tenant__slug"),
+)
+
+
+def gpus_held_on(partition_id: int) -> int:
+    return Job.objects.filter(partition_id=partition_id, holds_gpus=True).aggregate(n=Sum("gpus"))["n"] or 0
+
+
+# --- Admission passes
+
+
+def job_held_back(job: Job, *, grant: QuotaGrant, today: date) -> str:
+    """Why the job's own tenant holds it back from starting, or "": a suspended tenant
+    (tenant_suspended) or a grant no longer active (grant_ended). Admission and dispatch both
+    ask, so that neither starts work that the cleanup (jobs/services/cleanup.py) would stop."""
+    if job.tenant.state != TenantState.ACTIVE:
+        return "tenant_suspended"
+    if not grant.is_active_on(today):
+        return "grant_ended"
+    return ""
+
+
+def job_unadmit_if_held(job: Job) -> bool:
+    """Dispatch's check: an admitted QUEUED job whose tenant was suspended or whose grant ended
+    since admission gives its GPUs back and waits again with that reason, never submitted. The
+    caller holds the job's lock; the grant's is taken after it (partition → job → grant)."""
+    held = job_held_back(job, grant=QuotaGrant.objects.get(pk=job.grant_id), today=timezone.localdate())
+    if not held:
+        return False
+    grant_settle(
+        grant_id=job.grant_id, reserved_gpu_hours=Decimal(0), used_gpu_hours=Decimal(0), gpus=job.gpus
+    )
+    job.holds_gpus, job.reason, job.dispatch_lease_until = False, held, None
+    job.save(update_fields=["holds_gpus", "reason", "dispatch_lease_until"])
+    partition_id = job.partition_id
+    transaction.on_commit(lambda: jobs_admit_soon(partition_id=partition_id))  # its GPUs go to the next
+    return True
+
+
+def _admit(partition: Partition, new: Job | None = None) -> list[int]:
+    """Give free GPUs to waiting jobs in admission order; the caller holds the partition lock.
+
+    A job held back by its own tenant (a full grant, a suspended tenant, an ended grant) is
+    skipped; the first that waits for the partition's capacity stops the line. With no GPU
+    free nobody can start, and only the jobs that have no reason yet (just submitted) get one:
+    `new` alone when given (a submission's own job, which then holds what the pass decided)."""
+    free = partition.gpus_total - gpus_held_on(partition.pk)
+    if free <= 0:
+        _mark_waiting(partition, new)
+        return []
+    waiting = waiting_on(partition.pk)
+    # Every grant this pass may touch, locked in one statement in id order: two admissions on
+    # partitions that share a grant then queue on it instead of deadlocking.
+    locked = (
+        QuotaGrant.objects.select_for_update(no_key=True)
+        .filter(pk__in={j.grant_id for j in waiting})
+        .order_by("pk")
+    )
+    grants = {grant.pk: grant for grant in locked}
+    today = timezone.localdate()
+    admitted = []
+    for job in admission_order(waiting):
+        before = job.reason
+        grant = grants[job.grant_id]
+        if held := job_held_back(job, grant=grant, today=today):
+            job.reason = held
+        elif not grant.has_room_for(job.gpus):
+            job.reason = QUOTA_WAIT
+        elif job.gpus > free:
+            job.reason = CAPACITY_WAIT
+            free = 0  # strict order: nobody passes a job that waits for capacity
+        elif not grant_take_gpus(grant_id=job.grant_id, gpus=job.gpus):
+            job.reason = QUOTA_WAIT
+        else:
+            grant.gpus_in_use += job.gpus
+            free -= job.gpus
+            job.holds_gpus, job.reason = True, ""
+            admitted.append(job.pk)
+        if job.holds_gpus or job.reason != before:
+            Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
+                reason=job.reason, holds_gpus=job.holds_gpus
+            )
+    for job_id in admitted:
+        send_after_commit("jobs.tasks.dispatch_job", job_id=job_id)
+    if new is not None and (decided := next((job for job in waiting if job.pk == new.pk), None)):
+        new.holds_gpus, new.reason = decided.holds_gpus, decided.reason
+    return admitted
+
+
+def _mark_waiting(partition: Partition, new: Job | None) -> None:
+    """The reasons _admit would give, with no GPU free, to the waiting jobs that have none:
+    held back by their tenant, quota_wait on a full grant, else capacity_wait. For a
+    submission's own job, one UPDATE from the tenant and grant the submission read."""
+    today = timezone.localdate()
+    if new is not None:
+        new.reason = _waiting_reason(new, today)
+        Job.objects.filter(pk=new.pk, state=JobState.QUEUED, holds_gpus=False, reason="").update(
+            reason=new.reason
+        )
+        return
+    jobs = list(
+        Job.objects.select_for_update(of=("self",))
+        .filter(partition_id=partition.pk, state=JobState.QUEUED, holds_gpus=False, reason="")
+        .select_related("tenant", "grant")
+    )
+    for job in jobs:
+        job.reason = _waiting_reason(job, today)
+        job.save(update_fields=["reason"])
+
+
+def _waiting_reason(job: Job, today: date) -> str:
+    return job_held_back(job, grant=job.grant, today=today) or (
+        CAPACITY_WAIT if job.grant.has_room_for(job.gpus) else QUOTA_WAIT
+    )
+
+
+@transaction.atomic
+def jobs_admit(*, partition_id: int) -> list[int]:
+    """Admit what fits on the partition now; returns the admitted job ids."""
+    return _admit(
+        Partition.objects.select_for_update(no_key=True, of=("self",))
+        .select_related("cluster")
+        .get(pk=partition_id)
+    )
+
+
+# How long a sent admit task stands for the partition's next pass: submissions meanwhile send none.
+ADMIT_PENDING_S = 30
+
+
+def jobs_admit_soon(*, partition_id: int, job: Job | None = None) -> None:
+    """Admission on the partition after a submission or an end: here and now when nobody else
+    holds the partition (a submission's `job` then holds its outcome), else (another submission
+    or end is admitting there) by the admit task, which waits for the lock and then sees what
+    changed. One such task at a time per partition: the first to find the partition busy sends
+    it, and the task clears the mark as it starts. A mark whose task was lost runs out after
+    ADMIT_PENDING_S; the sweep admits meanwhile."""
+    with transaction.atomic():
+        partition = (
+            Partition.objects.select_for_update(no_key=True, of=("self",), skip_locked=True)
+            .select_related("cluster")
+            .filter(pk=partition_id)
+            .first()
+        )
+        if partition is not None:
+            _admit(partition, new=job)
+            return
+    try:
+        first = cache.add(admit_mark(partition_id), 1, ADMIT_PENDING_S)
+    except Exception as exc:  # the cache's own errors (Redis down) differ by backend
+        log.warning("admit mark unavailable, sending the admit task anyway: %s", exc.__class__.__name__)
+        first = True
+    if first:
+        send_after_commit("jobs.tasks.admit_partition", partition_id=partition_id)
+
+
+def jobs_admit_marked(*, partition_id: int) -> list[int]:
+    """What the admit task runs: the mark goes first, so that a submission from now on sends
+    another task if it needs one, then the pass (waiting for the partition's lock)."""
+    with contextlib.suppress(Exception):  # the cache's own errors differ; the mark runs out anyway
+        cache.delete(admit_mark(partition_id))
+    return jobs_admit(partition_id=partition_id)
+
+
+def admit_mark(partition_id: int) -> str:
+    return f"jobs:admit-pending:{partition_id}"
