@@ -9,7 +9,7 @@ and named, with the reason, in the assumptions.
 
 The text is built in the active language (gettext, not lazy: an Advice is made per request and
 read once). Figures are formatted here, then passed as named placeholders, so a translation can
-reorder them but never reformats a number. What the three advisors share is in advisor_common.
+reorder them but never reformats a number. What the three advisors share is in base.py.
 """
 
 import math
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
-from clusters.advisor_common import (
+from clusters.advisor.base import (
     FAST_LINK_GBS,
     GPUS_PER_NODE,
     MAX_GPUS,
