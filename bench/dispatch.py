@@ -106,7 +106,7 @@ class Bench:
         while (left := Counter(backend.check(argv).split())) and time.monotonic() < deadline:
             time.sleep(5)
         backend.run(["sacctmgr", "-i", "delete", "account", self.tenant.slug])
-        backend.run(["rm", "-rf", "--", backend._job_dir(self.tenant.slug)])  # the jobs' directory
+        backend.run(["rm", "-rf", "--", backend.job_dir(self.tenant.slug)])  # the jobs' directory
         what = "records" if forgotten else "pending or running"
         print(
             f"cleanup: scancel -A {self.tenant.slug}; {what} left in slurmctld: {dict(left)}; account deleted"
@@ -348,8 +348,8 @@ def sbatch_loop(bench: Bench, count: int, tag: str) -> float:
 
     job = Job.objects.filter(tenant=bench.tenant).first()
     backend = bench.backend()
-    home = backend._job_dir(bench.tenant.slug, job.cluster_user)
-    backend.check(backend._as(job.cluster_user, ["mkdir", "-p", "--", home]))
+    home = backend.job_dir(bench.tenant.slug, job.cluster_user)
+    backend.check(backend.as_identity(job.cluster_user, ["mkdir", "-p", "--", home]))
     options = [
         f"--account={bench.tenant.slug}", f"--qos=portal-{bench.tenant.tier}", f"--partition={PARTITION}",
         f"--gres=gpu:{PARTITION}:1", "--nodes=1", "--time=1", f"--cpus-per-gpu={job.cpus_per_gpu}",
@@ -359,7 +359,7 @@ def sbatch_loop(bench: Bench, count: int, tag: str) -> float:
     started = time.perf_counter()
     for number in range(count):
         argv = ["sbatch", "--parsable", "--job-name=loop", *options, f"--comment=loop-{tag}-{number}"]
-        backend.check(backend._as(job.cluster_user, argv), stdin=SCRIPT)
+        backend.check(backend.as_identity(job.cluster_user, argv), stdin=SCRIPT)
     return count / (time.perf_counter() - started)
 
 

@@ -49,7 +49,7 @@ class GpuModel(models.Model):
 
 
 class Advisor(models.TextChoices):
-    """The sizing arithmetic a scenario offers (clusters/advisor.py); a scenario added as data
+    """The sizing arithmetic a scenario offers (clusters/advisor/); a scenario added as data
     picks the one whose workload it resembles, or none."""
 
     AI = "ai", _("AI training (parameters, tokens)")

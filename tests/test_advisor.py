@@ -1,4 +1,4 @@
-"""The sizing advisor: its arithmetic on known inputs (clusters/advisor.py) and
+"""The sizing advisor: its arithmetic on known inputs (clusters/advisor/) and
 POST /api/v1/scenarios/{slug}/advise/ with its input validation."""
 
 import importlib

@@ -1,4 +1,4 @@
-"""The sizing advisor's text in Simplified Chinese (clusters/advisor.py, advisor_common.py): every
+"""The sizing advisor's text in Simplified Chinese (clusters/advisor/): every
 line it writes is translated and carries the figures of the English run; the English text is
 unchanged; and POST /api/v1/scenarios/{slug}/advise/ answers in the Accept-Language asked for.
 

@@ -24,7 +24,8 @@ from clusters.backends.base import (
     JobSpec,
     TenantLimits,
 )
-from clusters.backends.local import LocalBackend, detect_gpus, parse_nvidia_smi_list
+from clusters.backends.local import LocalBackend
+from clusters.backends.local.backend import detect_gpus, parse_nvidia_smi_list
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nvidia-smi" / "h200"

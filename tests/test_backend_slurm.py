@@ -151,7 +151,7 @@ def jobs(backend: SlurmBackend) -> Iterator[list[tuple[str, JobSpec]]]:
     cleaner = SlurmBackend(make_config())
     for job_id, spec in submitted:
         cleaner.cancel(job_id, user=spec.user)
-        remove_local(f"{cleaner._job_dir(spec.account, spec.user)}/{spec.token}.out")
+        remove_local(f"{cleaner.job_dir(spec.account, spec.user)}/{spec.token}.out")
 
 
 @pytest.fixture(scope="module")
@@ -221,15 +221,27 @@ def test_typed_gpu_job_is_found_polled_to_completion_and_logged(backend, jobs):
 
 def test_find_in_accounting_matches_the_submit_line(backend, jobs):
     # slurmctld forgets an ended job after MinJobAge (5 min here): find() then has only sacct,
-    # whose Comment is empty without AccountingStoreFlags=job_comment. Ask sacct directly.
-    spec = job_spec("true")
+    # whose Comment is empty without AccountingStoreFlags=job_comment. Rather than wait that
+    # long, slurmctld's copy of the comment is changed (scontrol, as root): squeue no longer
+    # knows the token, and only the submit line that slurmdbd keeps can find the job.
+    spec = job_spec("sleep 120")
     job_id = backend.submit(spec)
     jobs.append((job_id, spec))
-    owners = {spec.token: (spec.account, spec.user)}
-    accounted = wait_until(
-        "slurmdbd to record the job", lambda: backend._accounted_ids(owners).get(spec.token)
+    subprocess.run(
+        ["scontrol", "update", f"JobId={job_id}", "Comment=elsewhere"],
+        check=True,
+        capture_output=True,
+        timeout=30,
     )
-    assert accounted == [job_id]
+    assert scontrol_job(job_id)["Comment"] == "elsewhere"
+
+    def find() -> str | None:
+        return backend.find(spec.token, account=spec.account, user=spec.user)
+
+    assert wait_until("slurmdbd to record the job", find) == job_id
+    before = len(backend.commands)
+    assert find() == job_id
+    assert [argv[0] for argv in backend.commands[before:]] == ["squeue", "sacct"]
 
     before = len(backend.commands)
     assert backend.find(uuid.uuid4().hex, account=spec.account, user=spec.user) is None
@@ -283,7 +295,7 @@ def test_poll_of_200_jobs_runs_one_squeue_and_one_sacct(backend):
     try:
         started = time.monotonic()
         for _ in range(200):
-            argv = backend._as(identity, ["sbatch", "--parsable", "--hold", *options])
+            argv = backend.as_identity(identity, ["sbatch", "--parsable", "--hold", *options])
             out = backend.check(argv, stdin="#!/bin/sh\ntrue\n")
             ids.append(out.strip().split(";")[0])
         submit_s = time.monotonic() - started
@@ -330,7 +342,7 @@ def test_tenant_gpu_limit_holds_the_second_job(backend, portal_tiers):
         assert status_of(backend, first).state == base.RUNNING
     finally:
         delete_account(backend, account)
-        remove_local(backend._job_dir(account, user))
+        remove_local(backend.job_dir(account, user))
 
 
 def test_apply_tenant_twice_writes_nothing_the_second_time(backend, portal_tiers):
@@ -512,7 +524,7 @@ def test_refusals_are_backend_errors_with_slurms_message(backend):
             backend.submit(job_spec("true", account=account))
         assert not isinstance(excinfo.value, BackendUnavailable)
     finally:
-        remove_local(backend._job_dir(account, testbed_env()["SLURM_TESTBED_IDENTITY"]))
+        remove_local(backend.job_dir(account, testbed_env()["SLURM_TESTBED_IDENTITY"]))
     with pytest.raises(BackendError, match="Invalid qos specification") as excinfo:
         backend.submit(job_spec("true", qos=f"nosuch{uuid.uuid4().hex[:6]}"))
     assert not isinstance(excinfo.value, BackendUnavailable)

@@ -108,7 +108,7 @@ def test_submit_many_answers_each_job_from_one_exec_and_delivers_scripts_intact(
         for result, spec in zip(results, [good[0], refused_here, refused_by_slurm, good[1]], strict=True):
             if isinstance(result, str):
                 cleaner.cancel(result, user=spec.user)
-                remove_local(f"{cleaner._job_dir(spec.account, spec.user)}/{spec.token}.out")
+                remove_local(f"{cleaner.job_dir(spec.account, spec.user)}/{spec.token}.out")
 
 
 def test_find_many_asks_squeue_once_and_sacct_only_for_what_squeue_lacks():
@@ -205,7 +205,7 @@ def test_a_batch_adopts_a_job_submitted_before_a_crash_rejects_a_refused_one_and
         assert found[adopted.token] == [submitted]  # adopted by token, not submitted twice
         assert found[Job.objects.get(pk=fresh).token] == [Job.objects.get(pk=fresh).backend_id]
     finally:
-        remove_local(bed.backend._job_dir(stranger.slug, f"pt-{stranger.slug}"))
+        remove_local(bed.backend.job_dir(stranger.slug, f"pt-{stranger.slug}"))
 
 
 @pytest.mark.django_db(transaction=True)
@@ -307,4 +307,4 @@ def test_a_batch_answers_a_missing_identity_or_tree_per_job_and_submits_the_jobs
     finally:
         if isinstance(submitted, str):
             backend.cancel(submitted, user=good.user)
-            remove_local(f"{backend._job_dir(good.account, good.user)}/{good.token}.out")
+            remove_local(f"{backend.job_dir(good.account, good.user)}/{good.token}.out")

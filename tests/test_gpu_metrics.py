@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from clusters.backends.base import GpuSample
-from clusters.backends.local import parse_nvidia_smi_list
+from clusters.backends.local.backend import parse_nvidia_smi_list
 from clusters.gpu_metrics import (
     COMPUTE_APPS_FIELDS,
     QUERY_COMPUTE_APPS_ARGS,

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from clusters.backends.base import BackendUnavailable, ClusterConfig, GpuSample, JobSpec
 from clusters.backends.local import LocalBackend
-from clusters.backends.local_gpus import read_gpus
+from clusters.backends.local.gpus import read_gpus
 from clusters.gpu_metrics import GpuMetricsError, fetch_metrics
 from clusters.services import backend_of
 from jobs.models import Job, JobEvent, JobState

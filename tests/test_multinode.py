@@ -100,7 +100,7 @@ def test_lammps_template_runs_one_mpi_rank_on_each_of_two_nodes():
         mem_per_gpu_mb=500,
         user=env["SLURM_TESTBED_IDENTITY"],
     )
-    directory = backend._job_dir(account, spec.user)
+    directory = backend.job_dir(account, spec.user)
     job_id = None
     try:
         backend.apply_tenant(TenantLimits(account, "portal-normal", [spec.user], {"h100": NODES}, 600))

@@ -1,5 +1,5 @@
 """manage.py seed_site: a small site, read back through the public API with the tokens of the
---out file, agrees with the portal's own invariants (jobs/seeding)."""
+--out file, agrees with the portal's own invariants (bench/seeding)."""
 
 import itertools
 import json
@@ -13,8 +13,8 @@ from django.core.management.base import CommandError
 from django.db import connection
 from rest_framework.test import APIClient
 
+from bench.seeding.timelines import FAKE_BACKEND_ID_BASE
 from clusters.models import Cluster, GpuModel, Partition
-from jobs.seeding.timelines import FAKE_BACKEND_ID_BASE
 from jobs.states import END_STATES, check_move
 from tenants.models import Tenant
 from tests.factories import TenantFactory, catalog_pair

@@ -120,7 +120,7 @@ def ai_reason(gpu):
 def md_index(gpu):
     """MD kernels are FP32 arithmetic on pair forces and bandwidth-bound in PME and integration,
     so neither figure alone predicts ns/day: the geometric mean of both is the throughput index
-    (clusters/advisor.py sizes jobs by the same index)."""
+    (clusters/advisor/md.py sizes jobs by the same index)."""
     return math.sqrt(gpu["fp32_tflops"] * gpu["memory_bandwidth_gbs"])
 
 

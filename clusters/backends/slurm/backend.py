@@ -131,7 +131,7 @@ class SlurmBackend(base.Backend):
             raise BackendError(f"jobs never run as {user!r}: give the tenant a cluster identity of its own")
         return user
 
-    def _job_dir(self, account: str, user: str) -> str:
+    def job_dir(self, account: str, user: str) -> str:
         """<scratch root>/<identity>/<account>: the identity's own tree (mode 0700), where its
         jobs of this tenant write their output. The root is the site's, shared by the login node
         and the compute nodes; never the service user's home, which no job may reach."""
@@ -142,7 +142,7 @@ class SlurmBackend(base.Backend):
             )
         return f"{root}/{self._identity(user)}/{check_name(account, 'account')}"
 
-    def _as(self, user: str, argv: list[str]) -> list[str]:
+    def as_identity(self, user: str, argv: list[str]) -> list[str]:
         """argv run as a job identity through the service user's one sudoers rule; -n: a rule
         that does not allow it fails at once instead of asking for a password."""
         return ["sudo", "-n", "-u", self._identity(user), "--", *argv]
@@ -221,7 +221,7 @@ class SlurmBackend(base.Backend):
         ):
             check_count(value, what)
         script = render_script(spec.script, spec.env)
-        directory = self._job_dir(spec.account, spec.user)
+        directory = self.job_dir(spec.account, spec.user)
         output = f"{directory}/{spec.token}.out"
         argv = [
             "--parsable",
@@ -335,7 +335,7 @@ class SlurmBackend(base.Backend):
         """scancel as the job's identity; as the service user (an Operator) only for a job that
         no identity of the portal's owns (an orphan: user "")."""
         argv = ["scancel", check_job_id(backend_id)]
-        result = self.run(self._as(user, argv) if user else argv)
+        result = self.run(self.as_identity(user, argv) if user else argv)
         finished = ("already completing or completed", "Invalid job id specified")
         if result.rc != 0 and not any(text in result.stderr for text in finished):
             raise ssh.failure(result)
@@ -346,9 +346,9 @@ class SlurmBackend(base.Backend):
         max_bytes tells whether anything came before."""
         if not job.user:
             return self._legacy_log_tail(job, lines=lines, max_bytes=max_bytes)
-        path = f"{self._job_dir(job.account, job.user)}/{check_token(job.token)}.out"
+        path = f"{self.job_dir(job.account, job.user)}/{check_token(job.token)}.out"
         limit = check_count(max(max_bytes, 0) + 1, "log bytes")
-        result = self.run(self._as(job.user, ["tail", "-c", str(limit), "--", path]))
+        result = self.run(self.as_identity(job.user, ["tail", "-c", str(limit), "--", path]))
         if result.rc != 0:
             if "No such file or directory" in result.stderr:
                 return LogTail(lines=[], truncated=False)
@@ -416,9 +416,9 @@ class SlurmBackend(base.Backend):
         check_name(account, "account")
         reports: list[tuple[str, PurgeReport]] = []
         for user in sorted(set(users)):
-            directory = self._job_dir(account, user)
+            directory = self.job_dir(account, user)
             result = self.run(
-                self._as(user, scratch.purge_argv(directory, older_than_days=days, dry_run=dry_run)),
+                self.as_identity(user, scratch.purge_argv(directory, older_than_days=days, dry_run=dry_run)),
                 timeout_s=max(self.command_timeout_s, base.PURGE_TIMEOUT_S),
             )
             report = scratch.parse_report(result.stdout, dry_run=dry_run)
@@ -452,10 +452,10 @@ class SlurmBackend(base.Backend):
             for user, owned in sorted(by_user.items())
             for start in range(0, len(owned), LOG_ACCOUNTS_PER_CALL)
         ):
-            directories = [self._job_dir(account, user) for account in chunk]
+            directories = [self.job_dir(account, user) for account in chunk]
             argv = scratch.old_logs_argv(directories, older_than_minutes=minutes, dry_run=dry_run)
             result = self.run(
-                self._as(user, argv), timeout_s=max(self.command_timeout_s, base.PURGE_TIMEOUT_S)
+                self.as_identity(user, argv), timeout_s=max(self.command_timeout_s, base.PURGE_TIMEOUT_S)
             )
             if result.rc not in (0, 1):  # 1: a tenant directory not made yet, or an unreadable entry
                 raise ssh.failure(replace(result, argv=["find"]))
@@ -504,8 +504,8 @@ class SlurmBackend(base.Backend):
         problems = {}
         for user in sorted(set(users)):
             try:
-                argv = self._as(user, ["tail", "-c", "0", "/dev/null"])
-                top = self._job_dir("x", user).rpartition("/")[0]
+                argv = self.as_identity(user, ["tail", "-c", "0", "/dev/null"])
+                top = self.job_dir("x", user).rpartition("/")[0]
             except BackendError as exc:
                 problems[user] = str(exc)
                 continue

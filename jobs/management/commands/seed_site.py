@@ -8,7 +8,7 @@ Seeds tenants seed-0001…, users seed-u00001… (an owner per tenant, managers,
 viewers, a tenth of them in two tenants, no usable password), approved grants with their
 requests and audit, ended jobs over the last 90 days with their events, and active jobs
 (PENDING or RUNNING, with scheduler ids above Slurm's MaxJobId, which no real job has), all in
-one transaction (jobs/seeding says which invariants hold). The cluster must exist:
+one transaction (bench/seeding says which invariants hold). The cluster must exist:
 `manage.py register_testbed` (or demo_data) makes `testbed`. A second seed is refused;
 --reset first deletes what an earlier seed made, and what was added to its tenants since.
 
@@ -58,8 +58,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection, transaction
 from django.utils import timezone
 
+from bench import seeding
 from clusters.models import Cluster
-from jobs import seeding
 
 LIMITS = {
     "tenants": (1, 99_999),

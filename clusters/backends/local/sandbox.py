@@ -20,8 +20,8 @@ tenant's uid, cannot reach paths under a state directory it has no right to trav
 wrapper (as root) first bind-mounts what the job gets onto STAGE in a mount namespace of its own:
 nothing of that is seen outside the wrapper and its children, and it vanishes with them.
 
-The sandbox is probed once per process by running one for real (local_launch.probe); where it
-cannot be made the backend serves one tenant only (local.py).
+The sandbox is probed once per process by running one for real (launch.probe); where it
+cannot be made the backend serves one tenant only (backend.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the sizing advisors (clusters/advisor.py) share: the GPU figures they read, the advice
+"""What the sizing advisors (clusters/advisor/) share: the GPU figures they read, the advice
 they answer, the memory sizing every advisor starts from, and the text of a model left out.
 
 Text is built with gettext at call time, in the active language; figures go in formatted, as

@@ -23,11 +23,9 @@ from django.db import connection
 from django.db.models import Q
 from psycopg import sql
 
-from clusters.models import Cluster, Partition
-from jobs.models import Job, JobEvent
-from jobs.seeding import db
-from jobs.seeding.db import SeedError
-from jobs.seeding.site import (
+from bench.seeding import db
+from bench.seeding.db import SeedError
+from bench.seeding.site import (
     SEED_TENANT_RE,
     SEED_USER_RE,
     SEEDED_MODELS,
@@ -38,6 +36,8 @@ from jobs.seeding.site import (
     SeedScale,
     SiteSeeder,
 )
+from clusters.models import Cluster, Partition
+from jobs.models import Job, JobEvent
 from portal.core.models import AuditEvent
 from tenants.models import Tenant
 

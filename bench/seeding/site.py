@@ -18,10 +18,10 @@ from django.contrib.auth.models import Permission
 from django.db.models import Model
 from django.utils import timezone
 
+from bench.seeding import timelines
+from bench.seeding.db import SeedError, copy_dicts, copy_rows, reserve_ids
 from clusters.models import Cluster, ClusterKind, JobIdentity, Partition, Scenario, ScenarioGpu
 from jobs.models import Job, JobEvent, JobState, Priority, new_token
-from jobs.seeding import timelines
-from jobs.seeding.db import SeedError, copy_dicts, copy_rows, reserve_ids
 from portal.core.models import ApiToken, AuditEvent, token_digest
 from tenants.models import (
     Membership,

@@ -7,8 +7,8 @@ For a single shared GPU server and for the demo. Everything lives under config.s
     jobs/<token>/            the job's cwd: <token>.sh, <token>.out, and .portal/ with our records
     scratch/<account>/       the tenant's jobs' shared scratch, PORTAL_SCRATCH (or <scratch_root>/<account>)
 
-A job is started through a small Python wrapper (local_launch.py) in its own session and process
-group. The wrapper runs `/bin/bash <token>.sh` in a bubblewrap sandbox (local_sandbox.py: the job
+A job is started through a small Python wrapper (launch.py) in its own session and process
+group. The wrapper runs `/bin/bash <token>.sh` in a bubblewrap sandbox (sandbox.py: the job
 sees its directory as /job, .portal/ hidden), reaps the job's orphans as a subreaper and writes the
 exit code to .portal/status itself, so the code survives the death of the worker that started it.
 Where no sandbox can be made the job runs as the portal's user, and the cluster serves one tenant.
@@ -37,9 +37,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from clusters.backends import base, local_cleanup, local_launch, local_sandbox
+from clusters.backends import base
 from clusters.backends.base import BackendError, ClusterConfig, Health, JobRef, JobSpec, JobStatus, LogTail
-from clusters.backends.local_records import alive, boot_id, read_json, start_ticks, write_json
+from clusters.backends.local import cleanup, launch, sandbox
+from clusters.backends.local.records import alive, boot_id, read_json, start_ticks, write_json
+from clusters.backends.local.sandbox import Probe
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # a directory and file name: no "/", no ".."
@@ -118,7 +120,7 @@ class LocalBackend(base.Backend):
         self.grace_s = grace_s
         count = config.local_gpus
         self.gpus: list[int] = list(range(count)) if count > 0 else list(_machine_gpus(nvidia_smi))
-        self.sandbox_config = local_sandbox.SandboxConfig(
+        self.sandbox_config = sandbox.SandboxConfig(
             bwrap=config.local_sandbox_bwrap,
             network=config.local_sandbox_network,
             uid_base=config.local_sandbox_uid_base,
@@ -133,9 +135,9 @@ class LocalBackend(base.Backend):
         )
 
     @property
-    def sandbox(self) -> local_sandbox.Probe:
-        """Whether jobs run sandboxed here: probed once per process (local_launch.probe)."""
-        return local_launch.probe(self.sandbox_config)
+    def sandbox(self) -> Probe:
+        """Whether jobs run sandboxed here: probed once per process (launch.probe)."""
+        return launch.probe(self.sandbox_config)
 
     def submit(self, spec: JobSpec) -> str:
         """Accept the job and return "local-<n>": it starts at once if its GPUs are free, else it
@@ -147,7 +149,7 @@ class LocalBackend(base.Backend):
             raise BackendError(f"the job asks for {spec.gpus} GPUs; the local cluster has {len(self.gpus)}")
         if not _TOKEN.match(spec.token):
             raise BackendError(f"invalid job token {spec.token!r}")
-        local_cleanup.check_account(spec.account)  # it names a directory and, sandboxed as root, a uid
+        cleanup.check_account(spec.account)  # it names a directory and, sandboxed as root, a uid
         for name, value in [*spec.env.items(), ("PORTAL_JOB_NAME", spec.name)]:
             if not _ENV_NAME.match(name) or "\0" in value:
                 raise BackendError(
@@ -197,7 +199,7 @@ class LocalBackend(base.Backend):
         if tenant and account != tenant:
             raise BackendError("the local cluster serves one tenant only, and not this one")
         if "accounts" not in state:  # a state from before accounts were kept: read the records
-            state["accounts"] = local_cleanup.accounts_with_jobs(self._root / "jobs")
+            state["accounts"] = cleanup.accounts_with_jobs(self._root / "jobs")
         if not tenant and not self.sandbox.ok and set(state["accounts"]) - {account}:
             # The reason (it names paths) is for the admin console; the tenant learns the rule only.
             raise BackendError(
@@ -308,9 +310,9 @@ class LocalBackend(base.Backend):
 
     def sandbox_summary(self) -> str:
         """One line on how jobs are isolated here, for the health detail and the admin console."""
-        return local_sandbox.summary(self.sandbox, self.config.local_tenant)
+        return sandbox.summary(self.sandbox, self.config.local_tenant)
 
-    # -- cleanup (local_cleanup.py) -------------------------------------------------------------
+    # -- cleanup (cleanup.py) -------------------------------------------------------------------
 
     def list_jobs(self, accounts: list[str]) -> list[base.SchedulerJob]:
         """The running and waiting jobs of these accounts, from the allocation state alone (no
@@ -330,9 +332,9 @@ class LocalBackend(base.Backend):
         self, account: str, *, older_than_days: int, dry_run: bool, users: tuple[str, ...] = ()
     ) -> base.PurgeReport:
         """The tenant's scratch directory (PORTAL_SCRATCH of its jobs), walked without following
-        any symlink; local_cleanup.py says what is deleted and what is refused."""
-        root = self._scratch_dir(local_cleanup.check_account(account))
-        return local_cleanup.purge_tree(root, older_than_days=older_than_days, dry_run=dry_run)
+        any symlink; cleanup.py says what is deleted and what is refused."""
+        root = self._scratch_dir(cleanup.check_account(account))
+        return cleanup.purge_tree(root, older_than_days=older_than_days, dry_run=dry_run)
 
     def delete_finished(
         self,
@@ -351,13 +353,13 @@ class LocalBackend(base.Backend):
         with self._locked() as state:
             self._settle(state)
             live = {job["token"] for job in [*state["running"].values(), *state["queue"]]}
-            ended = local_cleanup.ended_before(self._root / "jobs", set(accounts), cutoff, live)
+            ended = cleanup.ended_before(self._root / "jobs", set(accounts), cutoff, live)
             for backend_id, token in [] if dry_run else ended:
-                local_cleanup.retire(self._root, backend_id, token)
+                cleanup.retire(self._root, backend_id, token)
             if not dry_run:  # a tenant whose last job directory went no longer holds the cluster
-                state["accounts"] = local_cleanup.accounts_with_jobs(self._root / "jobs")
+                state["accounts"] = cleanup.accounts_with_jobs(self._root / "jobs")
         if not dry_run:
-            local_cleanup.remove_retired(self._root / "jobs")
+            cleanup.remove_retired(self._root / "jobs")
         return [backend_id for backend_id, _token in ended]
 
     def _scratch_dir(self, account: str) -> Path:
@@ -451,26 +453,26 @@ class LocalBackend(base.Backend):
         meta = job_dir / ".portal"
         record = read_json(meta / "job.json")
         try:
-            launch = local_launch.launch(
+            plan = launch.launch(
                 backend_id=backend_id,
                 token=token,
                 record=record,
                 gpus=gpus,
                 job_dir=job_dir,
                 scratch_dir=self._scratch_dir(record["account"]) if record.get("account") else None,
-                sandbox=self.sandbox_config if self.sandbox.ok else None,
+                sandbox_config=self.sandbox_config if self.sandbox.ok else None,
                 uids=uids,
             )
         except (OSError, BackendError) as exc:
             _finish(meta, base.FAILED, "LAUNCH_FAILED", f"could not prepare the job: {exc}")
             return None
-        write_json(meta / "env.json", launch["env"])  # the job's environment, as it got it
-        write_json(meta / "launch.json", launch)
+        write_json(meta / "env.json", plan["env"])  # the job's environment, as it got it
+        write_json(meta / "launch.json", plan)
         paths = [meta / "launch.json", job_dir / f"{token}.out", meta / "status"]
         try:
             with open(meta / "wrapper.log", "ab") as log:
                 child = subprocess.Popen(  # noqa: S603 - a constant program, paths as arguments
-                    [sys.executable, "-I", "-S", "-c", local_launch.WRAPPER, *map(str, paths)],
+                    [sys.executable, "-I", "-S", "-c", launch.WRAPPER, *map(str, paths)],
                     cwd=job_dir,
                     env={"PATH": os.defpath},
                     stdin=subprocess.DEVNULL,
@@ -566,7 +568,7 @@ class LocalBackend(base.Backend):
         was started with (its CUDA_VISIBLE_DEVICES, in nvidia-smi's PCI bus order). {} when none of
         these jobs runs or there is no nvidia-smi; a job with a GPU that nvidia-smi did not report
         is left out; BackendUnavailable when nvidia-smi hangs."""
-        from clusters.backends.local_gpus import job_samples  # the telemetry helper, kept apart
+        from clusters.backends.local.gpus import job_samples  # the telemetry helper, kept apart
 
         # Read without the lock: write_json replaces alloc.json whole, and nothing here changes it.
         running = (read_json(self._root / "alloc.json") or {}).get("running", {})

@@ -2,7 +2,7 @@
 
 The wrapper (WRAPPER, run by the portal's own Python) starts the job in its session and process
 group, reaps its orphans as a subreaper, and writes its exit code; launch() decides what it runs:
-the job's script in a bubblewrap sandbox (local_sandbox.py), or, where none can be made, as the
+the job's script in a bubblewrap sandbox (sandbox.py), or, where none can be made, as the
 portal's own user (the cluster then serves one tenant only).
 """
 
@@ -18,12 +18,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from clusters.backends import local_cleanup, local_sandbox
+from clusters.backends.local import cleanup, sandbox
 
 # The worker's own environment holds the portal's secrets (SECRET_KEY, DATABASE_URL…), so a job
 # inherits only these names from it.
 _INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "LD_LIBRARY_PATH")
-_SANDBOX_INHERITED_ENV = ("LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH")  # the rest is the sandbox's own
 _SANDBOX_INHERITED_ENV = ("LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH")  # the rest is the sandbox's own
 _SANDBOX_TMP = "/tmp"  # noqa: S108 - the sandbox's own fresh tmpfs
 
@@ -105,88 +104,88 @@ def launch(
     gpus: list[int],
     job_dir: Path,
     scratch_dir: Path | None,
-    sandbox: local_sandbox.SandboxConfig | None,
+    sandbox_config: sandbox.SandboxConfig | None,
     uids: dict[str, int],
 ) -> dict[str, Any]:
     """What the wrapper runs (launch.json): argv, environment, and the descriptors it opens for
-    bwrap. Sandboxed (`sandbox` given), the job sees its directory as /job and its tenant's
+    bwrap. Sandboxed (`sandbox_config` given), the job sees its directory as /job and its tenant's
     scratch as /scratch and inherits of the worker's environment only its locale and library
     path; as root it runs as its tenant's uid (given once into `uids`, the allocation state)."""
     meta = job_dir / ".portal"
     account = record.get("account", "")
-    if sandbox is not None:
+    if sandbox_config is not None:
         env = {name: os.environ[name] for name in _SANDBOX_INHERITED_ENV if name in os.environ}
-        user = account if local_cleanup.ACCOUNT_RE.fullmatch(account) else "job"
-        env |= {"PATH": local_sandbox.PATH, "HOME": local_sandbox.JOB_DIR, "TMPDIR": _SANDBOX_TMP}
+        user = account if cleanup.ACCOUNT_RE.fullmatch(account) else "job"
+        env |= {"PATH": sandbox.PATH, "HOME": sandbox.JOB_DIR, "TMPDIR": _SANDBOX_TMP}
         env |= {"USER": user, "LOGNAME": user}
     else:
         env = {name: os.environ[name] for name in _INHERITED_ENV if name in os.environ}
     env |= record["env"]
     env |= {"PORTAL_JOB_ID": backend_id, "PORTAL_JOB_NAME": record["name"], "PORTAL_JOB_TOKEN": token}
     uid = None
-    if sandbox is not None and local_sandbox.drops_privileges():
-        uid = local_sandbox.tenant_uid(uids, account, sandbox)
+    if sandbox_config is not None and sandbox.drops_privileges():
+        uid = sandbox.tenant_uid(uids, account, sandbox_config)
         os.chown(job_dir, uid, uid, follow_symlinks=False)
         job_dir.chmod(0o700)
-    if scratch_dir is not None and local_cleanup.ACCOUNT_RE.fullmatch(account):  # the tenant's scratch
+    if scratch_dir is not None and cleanup.ACCOUNT_RE.fullmatch(account):  # the tenant's scratch
         try:  # a job without scratch still runs
             scratch_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             if uid is not None and scratch_dir.lstat().st_uid != uid:
                 os.chown(scratch_dir, uid, uid, follow_symlinks=False)
-            env["PORTAL_SCRATCH"] = local_sandbox.SCRATCH_DIR if sandbox is not None else str(scratch_dir)
+            env["PORTAL_SCRATCH"] = sandbox.SCRATCH_DIR if sandbox_config is not None else str(scratch_dir)
         except OSError:
             scratch_dir = None
     else:
         scratch_dir = None
     # nvidia-smi numbers GPUs in PCI bus order, CUDA by default fastest first.
     env |= {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
-    if sandbox is None:
+    if sandbox_config is None:
         argv = ["/bin/bash", str(job_dir / f"{token}.sh")]
         return {"argv": argv, "env": env, "stage": [], "sandboxed": False, "uid": None}
     out = job_dir / f"{token}.out"
     os.close(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644))  # the portal's, not the job's
-    passwd, group = local_sandbox.passwd_lines(env["USER"], uid if uid is not None else os.geteuid())
+    passwd, group = sandbox.passwd_lines(env["USER"], uid if uid is not None else os.geteuid())
     (meta / "passwd").write_text(passwd)
     (meta / "group").write_text(group)
     paths = {"job": job_dir, "out": out, "passwd": meta / "passwd", "group": meta / "group"}
     if scratch_dir is not None:
         paths["scratch"] = scratch_dir
-    return sandboxed_launch(sandbox, uid, paths, f"{local_sandbox.JOB_DIR}/{token}.sh", env, out.name)
+    return sandboxed_launch(sandbox_config, uid, paths, f"{sandbox.JOB_DIR}/{token}.sh", env, out.name)
 
 
 def sandboxed_launch(
-    sandbox: local_sandbox.SandboxConfig,
+    config: sandbox.SandboxConfig,
     uid: int | None,
     paths: dict[str, Path],
     script: str,
     env: dict[str, str],
     out_name: str,
 ) -> dict[str, Any]:
-    """launch.json of a sandboxed job. As root the wrapper stages `paths` (local_sandbox.STAGE)
+    """launch.json of a sandboxed job. As root the wrapper stages `paths` (sandbox.STAGE)
     and bwrap binds the staged copies; otherwise bwrap, as the portal's user, binds them."""
     if uid is None:
         sources, stage = {name: str(path) for name, path in paths.items()}, []
     else:
-        sources = {name: f"{local_sandbox.STAGE}/{name}" for name in paths}
+        sources = {name: f"{sandbox.STAGE}/{name}" for name in paths}
         stage = [(str(path), name, "dir" if path.is_dir() else "file") for name, path in paths.items()]
-    args = local_sandbox.bwrap_argv(sandbox, sources=sources, out_name=out_name)
-    argv = local_sandbox.command(sandbox, uid, args, script)
-    launch = {"argv": argv, "env": env, "stage": stage, "stage_dir": local_sandbox.STAGE}
+    args = sandbox.bwrap_argv(config, sources=sources, out_name=out_name)
+    argv = sandbox.command(config, uid, args, script)
+    launch = {"argv": argv, "env": env, "stage": stage, "stage_dir": sandbox.STAGE}
     return launch | {"sandboxed": True, "uid": uid}
 
 
-def probe(config: local_sandbox.SandboxConfig) -> local_sandbox.Probe:
+def probe(config: sandbox.SandboxConfig) -> sandbox.Probe:
     """Whether a sandbox can be made here, by running a job in one through the wrapper: as the
     range's first uid when the portal is root. Asked once per process for each config."""
-    return _probe(config, local_sandbox.drops_privileges())
+    return _probe(config, sandbox.drops_privileges())
 
 
 @functools.cache
-def _probe(config: local_sandbox.SandboxConfig, as_tenant: bool) -> local_sandbox.Probe:
+def _probe(config: sandbox.SandboxConfig, as_tenant: bool) -> sandbox.Probe:
     if not os.access(config.bwrap, os.X_OK):
-        return local_sandbox.Probe(False, f"bwrap is not an executable at {config.bwrap}")
-    if as_tenant and not os.access(local_sandbox.SETPRIV, os.X_OK):
-        return local_sandbox.Probe(False, f"setpriv (util-linux) is missing at {local_sandbox.SETPRIV}")
+        return sandbox.Probe(False, f"bwrap is not an executable at {config.bwrap}")
+    if as_tenant and not os.access(sandbox.SETPRIV, os.X_OK):
+        return sandbox.Probe(False, f"setpriv (util-linux) is missing at {sandbox.SETPRIV}")
     uid = config.uid_base if as_tenant else None
     work = Path(tempfile.mkdtemp(prefix="portal-sandbox-probe-"))
     try:
@@ -200,13 +199,13 @@ def _probe(config: local_sandbox.SandboxConfig, as_tenant: bool) -> local_sandbo
         if uid is not None:
             for path in (job, scratch):
                 os.chown(path, uid, uid)
-        passwd, group = local_sandbox.passwd_lines("probe", uid if uid is not None else os.geteuid())
+        passwd, group = sandbox.passwd_lines("probe", uid if uid is not None else os.geteuid())
         (meta / "passwd").write_text(passwd)
         (meta / "group").write_text(group)
         paths = {"job": job, "out": job / "probe.out", "scratch": scratch}
         paths |= {"passwd": meta / "passwd", "group": meta / "group"}
-        env = {"PATH": local_sandbox.PATH}
-        launch = sandboxed_launch(config, uid, paths, f"{local_sandbox.JOB_DIR}/probe.sh", env, "probe.out")
+        env = {"PATH": sandbox.PATH}
+        launch = sandboxed_launch(config, uid, paths, f"{sandbox.JOB_DIR}/probe.sh", env, "probe.out")
         (meta / "launch.json").write_text(json.dumps(launch))
         argv = [sys.executable, "-I", "-S", "-c", WRAPPER, str(meta / "launch.json")]
         argv += [str(job / "probe.out"), str(meta / "status")]
@@ -216,14 +215,14 @@ def _probe(config: local_sandbox.SandboxConfig, as_tenant: bool) -> local_sandbo
             )
             rc = int((meta / "status").read_text())
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
-            return local_sandbox.Probe(False, f"the sandbox probe did not run: {exc}")
+            return sandbox.Probe(False, f"the sandbox probe did not run: {exc}")
         written = job / "written"
         if rc != 0 or not written.exists():
             lines = (job / "probe.out").read_text(errors="replace").strip().splitlines()
             why = lines[-1][:200] if lines else f"exit code {rc}"
-            return local_sandbox.Probe(False, f"bwrap cannot make a sandbox here: {why}")
+            return sandbox.Probe(False, f"bwrap cannot make a sandbox here: {why}")
         if uid is not None and written.stat().st_uid != uid:
-            return local_sandbox.Probe(False, "the sandbox did not run as the tenant's uid")
-        return local_sandbox.Probe(True, "bubblewrap sandbox" + (", a uid per tenant" if uid else ""))
+            return sandbox.Probe(False, "the sandbox did not run as the tenant's uid")
+        return sandbox.Probe(True, "bubblewrap sandbox" + (", a uid per tenant" if uid else ""))
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""The jobs of a seeded site (jobs/seeding/site.py): what each job asked for, its timeline of state
+"""The jobs of a seeded site (bench/seeding/site.py): what each job asked for, its timeline of state
 moves, and what it left on its grant's ledger, drawn from a seeded random generator.
 
 Every timeline is a path through jobs.states.ALLOWED (checked by check_paths before a seed), at
