@@ -117,7 +117,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "portal.core.middleware.tenant_perms_per_request",
+    "tenants.middleware.tenant_perms_per_request",
     # Last: it turns a login that axes refused into the lockout answer (portal.core.lockout).
     "axes.middleware.AxesMiddleware",
 ]

@@ -56,7 +56,7 @@ def tenant_ids_visible_to(*, user: AbstractBaseUser) -> QuerySet:
     return tenant_ids_with(user=user, perm=VIEW)
 
 
-# Per request (portal.core.middleware.tenant_perms_per_request): the caller's permissions by
+# Per request (tenants.middleware.tenant_perms_per_request): the caller's permissions by
 # tenant, read once however many checks the request makes. None outside a request: every read
 # queries. A service that changes permissions calls tenant_perms_forget(), which ends the memo.
 _perms_memo: ContextVar[dict | None] = ContextVar("tenant_perms_memo", default=None)
