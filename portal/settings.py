@@ -343,7 +343,11 @@ CELERY_BEAT_SCHEDULE = {
     },
     "sync-clusters": {"task": "clusters.tasks.sync_clusters", "schedule": 60.0, "options": {"expires": 55}},
     "sweep-jobs": {"task": "jobs.tasks.sweep_jobs", "schedule": 60.0, "options": {"expires": 55}},
-    "apply-tenants": {"task": "jobs.tasks.apply_tenants", "schedule": 3600.0, "options": {"expires": 3000}},
+    "apply-tenants": {
+        "task": "tenants.tasks.apply_tenants",
+        "schedule": 3600.0,
+        "options": {"expires": 3000},
+    },
     "remind-grants-ending": {
         "task": "tenants.tasks.remind_grants_ending",
         "schedule": 3600.0,

@@ -25,7 +25,6 @@ from jobs.services.follow import (
     jobs_poll,
 )
 from jobs.services.idle import IdleReport, jobs_watch_idle
-from jobs.services.limits import tenant_apply, tenant_limits
 from jobs.services.submit import JobPreview, JobRequest, job_preview, job_submit, jobs_admit, request_digest
 
 __all__ = [
@@ -59,7 +58,5 @@ __all__ = [
     "retention_apply",
     "scratch_purge",
     "scratch_purge_targets",
-    "tenant_apply",
-    "tenant_limits",
     "tenants_hold_suspended",
 ]
