@@ -4,13 +4,14 @@ through tenant_ids_visible_to() in SQL: one subquery, never a permission check p
 from collections import defaultdict
 from contextlib import contextmanager
 from contextvars import ContextVar
+from datetime import date
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, Permission
 from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 
-from clusters.models import Cluster, ClusterKind, IdentityCheck, JobIdentity
+from clusters.models import Cluster, ClusterKind, GpuModel, IdentityCheck, JobIdentity, Scenario
 from portal.core.compiled import CompiledQuery
 from portal.core.models import AuditEvent
 from portal.core.staff import DECIDE_QUOTA, PLATFORM_ADMIN, is_platform_admin, sees_all_tenants
@@ -157,6 +158,36 @@ def grants_visible_to(*, user: AbstractBaseUser) -> QuerySet[QuotaGrant]:
     return QuotaGrant.objects.filter(tenant_id__in=tenant_ids_visible_to(user=user)).select_related(
         "tenant", "scenario", "gpu_model"
     )
+
+
+def grants_of(*, user: AbstractBaseUser, tenant: Tenant) -> QuerySet[QuotaGrant]:
+    """The tenant's grants, latest ending first: the quota page's list."""
+    return grants_visible_to(user=user).filter(tenant=tenant).order_by("-ends_on", "id")
+
+
+def grants_not_ended_of(*, user: AbstractBaseUser, tenant: Tenant, day: date) -> QuerySet[QuotaGrant]:
+    """The tenant's grants not ended by `day`, in force or yet to start, soonest ending first."""
+    return grants_visible_to(user=user).filter(tenant=tenant, ends_on__gte=day).order_by("ends_on")
+
+
+def grants_active_of(*, user: AbstractBaseUser, tenant: Tenant, day: date) -> QuerySet[QuotaGrant]:
+    """The tenant's grants in force on `day`."""
+    return grants_visible_to(user=user).filter(tenant=tenant, starts_on__lte=day, ends_on__gte=day)
+
+
+def granted_gpu_model_ids_of(*, user: AbstractBaseUser, tenant: Tenant, day: date) -> set[int]:
+    """The ids of the GPU models that the tenant's grants in force on `day` cover."""
+    return set(grants_active_of(user=user, tenant=tenant, day=day).values_list("gpu_model_id", flat=True))
+
+
+def granted_gpu_models_of(
+    *, user: AbstractBaseUser, tenant: Tenant, scenario: Scenario, day: date
+) -> list[GpuModel]:
+    """The GPU models of the tenant's grants for the scenario in force on `day`, each once, by
+    slug: what the submit form offers."""
+    grants = grants_active_of(user=user, tenant=tenant, day=day).filter(scenario=scenario)
+    by_slug = {grant.gpu_model.slug: grant.gpu_model for grant in grants.order_by("gpu_model__slug")}
+    return list(by_slug.values())
 
 
 def audit_visible_to(*, user: AbstractBaseUser) -> QuerySet[AuditEvent]:
