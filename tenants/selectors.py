@@ -103,15 +103,15 @@ def tenant_perms_forget() -> None:
     _perms_memo.set(None)
 
 
-def tenant_id_list(*, user: AbstractBaseUser, perm: str = VIEW) -> list[int] | QuerySet:
-    """The ids of the tenants where the user holds `perm`, as a list: a query that filters on it
-    is simpler to plan than one with the permission subquery. Platform admins keep the subquery
-    (every tenant)."""
+def tenant_id_list_visible_to(*, user: AbstractBaseUser) -> list[int] | QuerySet:
+    """The tenants of tenant_ids_visible_to as a list of ids, read from the request's permission
+    map (tenant_perm_map) instead of a subquery: a query that filters on a list is simpler to
+    plan. Staff who see every tenant keep the subquery (every tenant)."""
     if not user.is_authenticated or not user.is_active:
         return []
-    if _everywhere(user, perm):
-        return tenant_ids_with(user=user, perm=perm)
-    return sorted(tenant_id for tenant_id, perms in tenant_perm_map(user=user).items() if perm in perms)
+    if _everywhere(user, VIEW):
+        return tenant_ids_visible_to(user=user)
+    return sorted(tenant_id for tenant_id, perms in tenant_perm_map(user=user).items() if VIEW in perms)
 
 
 def tenants_visible_to(*, user: AbstractBaseUser) -> QuerySet[Tenant]:
