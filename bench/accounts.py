@@ -1,5 +1,5 @@
 """Give the load's tenants their Slurm accounts on the testbed, through the portal's own path
-(jobs.services.tenant_apply: account, users, QOS and GPU limits by sacctmgr over SSH), so that
+(tenants.limits.tenant_apply: account, users, QOS and GPU limits by sacctmgr over SSH), so that
 the jobs the load submits are taken by Slurm and run, as on a real site, instead of being refused
 for an unknown account.
 
@@ -33,7 +33,7 @@ django.setup()
 
 from clusters.models import Cluster  # noqa: E402
 from clusters.services import backend_of  # noqa: E402
-from jobs.services import tenant_apply  # noqa: E402
+from tenants.limits import tenant_apply  # noqa: E402
 from tenants.models import Tenant  # noqa: E402
 from tenants.selectors import tenant_identities  # noqa: E402
 from tests.testbed.env import testbed_identity  # noqa: E402

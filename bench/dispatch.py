@@ -155,8 +155,9 @@ def setup(capacity: int) -> Bench:
     from django.utils import timezone
 
     from clusters.models import Cluster, GpuModel, Partition, Scenario
-    from jobs.services import JobRequest, tenant_apply
+    from jobs.services import JobRequest
     from portal.celery import app
+    from tenants.limits import tenant_apply
     from tenants.models import QuotaGrant, Role, Tenant
     from tenants.services import membership_add
     from tests.testbed.env import testbed_identity

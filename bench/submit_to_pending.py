@@ -73,8 +73,8 @@ def setup() -> tuple[str, str]:
     from django.utils import timezone
 
     from clusters.models import Cluster, GpuModel, Scenario
-    from jobs.services import tenant_apply
     from portal.core.services import token_create
+    from tenants.limits import tenant_apply
     from tenants.models import QuotaGrant, Role, Tenant
     from tenants.services import membership_add
 

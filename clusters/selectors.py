@@ -102,3 +102,8 @@ _CATALOG = (
     ("cluster", Cluster, "slug"),
     ("partition", Partition, "name"),
 )
+
+
+def cluster_ids_enabled() -> list[int]:
+    """The clusters that a fan-out over "every cluster" goes to (a health check, a tenant's limits)."""
+    return list(Cluster.objects.filter(enabled=True).values_list("pk", flat=True))

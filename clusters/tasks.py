@@ -1,6 +1,7 @@
 from celery import shared_task
 
 from clusters.models import Cluster
+from clusters.selectors import cluster_ids_enabled
 from clusters.services import cluster_sync
 
 
@@ -13,7 +14,7 @@ def sync_cluster(*, cluster_id: int) -> bool:
 @shared_task(acks_late=True, soft_time_limit=20, time_limit=30)
 def sync_clusters() -> int:
     """Beat: one sync task per enabled cluster."""
-    ids = list(Cluster.objects.filter(enabled=True).values_list("pk", flat=True))
+    ids = cluster_ids_enabled()
     for cluster_id in ids:
         sync_cluster.apply_async(kwargs={"cluster_id": cluster_id}, expires=55)
     return len(ids)

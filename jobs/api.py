@@ -12,9 +12,9 @@ from jobs.filters import JobFilter
 from jobs.job_templates import TEMPLATES
 from jobs.models import Job
 from jobs.selectors import (
+    job_answer_rows_visible_to,
+    job_answers_visible_to,
     job_is_own_or_managed,
-    job_rows_answered_to,
-    jobs_answered_to,
     jobs_visible_to,
     usage_of,
 )
@@ -46,8 +46,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         if self.action in ("events", "log"):  # these read the job's cluster, token and events
             return jobs_visible_to(user=self.request.user)
         if self.action == "list":
-            return job_rows_answered_to(user=self.request.user)
-        return jobs_answered_to(user=self.request.user, detail=self.action == "retrieve")
+            return job_answer_rows_visible_to(user=self.request.user)
+        return job_answers_visible_to(user=self.request.user, detail=self.action == "retrieve")
 
     def filter_queryset(self, queryset):
         # The list's filters are the list's: on one job they would only build a FilterSet's form.

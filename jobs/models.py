@@ -7,7 +7,7 @@ from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from clusters.models import Cluster, GpuModel, Partition, Scenario
-from tenants.models import QuotaGrant, Tenant
+from tenants.models import QuotaGrant, Tenant, Tier
 
 job_name_validator = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", _("1 to 64 letters, digits, dots, dashes and underscores.")
@@ -39,6 +39,22 @@ class Priority(models.TextChoices):
 
 # The one order of priorities, the lowest first: a tier's cap, a default below it, admission.
 PRIORITY_ORDER = (Priority.LOW, Priority.NORMAL, Priority.HIGH)
+# A tenant's tier caps the priority its jobs may ask for within it.
+MAX_PRIORITY = {
+    Tier.LOW: Priority.LOW,
+    Tier.NORMAL: Priority.NORMAL,
+    Tier.HIGH: Priority.HIGH,
+    Tier.CRITICAL: Priority.HIGH,
+}
+
+
+def priority_above_cap(priority: str, tier: str) -> bool:
+    return PRIORITY_ORDER.index(priority) > PRIORITY_ORDER.index(MAX_PRIORITY[tier])
+
+
+def default_priority(tier: str) -> str:
+    """A job's priority when its submitter names none: normal, or the tier's cap when lower."""
+    return min(Priority.NORMAL, MAX_PRIORITY[tier], key=PRIORITY_ORDER.index)
 
 
 def new_token() -> str:

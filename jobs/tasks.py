@@ -5,13 +5,11 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from clusters.backends.base import PURGE_TIMEOUT_S, BackendUnavailable
-from clusters.models import Cluster
 from jobs import services
 from jobs.selectors import cluster_ids_to_poll
 from jobs.services.admission import jobs_admit_marked
 from jobs.services.dispatch import jobs_dispatch
 from jobs.services.poll import POLL_TIME_LIMIT_S
-from tenants.models import Tenant
 
 RETRY = {
     "autoretry_for": (BackendUnavailable,),
@@ -76,25 +74,6 @@ def poll_clusters() -> int:
 def sweep_jobs() -> int:
     """Beat: re-send dispatches whose message was lost, and admit what now fits."""
     return services.jobs_sweep()
-
-
-@shared_task(acks_late=True, soft_time_limit=120, time_limit=150, **RETRY)
-def apply_tenant(*, tenant_id: int, cluster_id: int | None = None) -> None:
-    """The tenant's account, QOS and limits on one cluster, or on every enabled one."""
-    if cluster_id is not None:
-        services.tenant_apply(tenant_id=tenant_id, cluster_id=cluster_id)
-        return
-    for pk in Cluster.objects.filter(enabled=True).values_list("pk", flat=True):
-        apply_tenant.delay(tenant_id=tenant_id, cluster_id=pk)
-
-
-@shared_task(acks_late=True, soft_time_limit=50, time_limit=60)
-def apply_tenants() -> int:
-    """Beat, hourly: every tenant's limits on every cluster, whatever changed in between."""
-    ids = list(Tenant.objects.values_list("pk", flat=True))
-    for tenant_id in ids:
-        apply_tenant.delay(tenant_id=tenant_id)
-    return len(ids)
 
 
 @shared_task(acks_late=True, soft_time_limit=240, time_limit=300)

@@ -31,8 +31,7 @@ from portal.core.errors import Conflict, Forbidden, PortalError, Unavailable
 from portal.core.serializers import ID_LOOKUP
 from tenants import roles
 from tenants.models import Tenant
-from tenants.selectors import grants_visible_to, members_of
-from tenants.views import (
+from tenants.pages import (
     error_message,
     form_errors_from,
     grant_rows,
@@ -41,6 +40,7 @@ from tenants.views import (
     tenant_context,
     tenant_or_404,
 )
+from tenants.selectors import granted_gpu_models_of, grants_not_ended_of, members_of
 
 ID_RE = re.compile(ID_LOOKUP)
 PAGE_ROWS = 50
@@ -184,9 +184,7 @@ def dashboard(request: HttpRequest, slug: str) -> HttpResponse:
     """Per grant its bars, the running and waiting jobs, 30 days of usage, the latest events."""
     tenant = tenant_or_404(request, slug)
     today = timezone.localdate()
-    grants = (
-        grants_visible_to(user=request.user).filter(tenant=tenant, ends_on__gte=today).order_by("ends_on")
-    )
+    grants = grants_not_ended_of(user=request.user, tenant=tenant, day=today)
     start = today - timedelta(days=USAGE_DAYS - 1)
     usage = usage_of(user=request.user, tenant_slug=tenant.slug, start=start, end=today, group_by="day")
     series = _usage_series(usage, start, USAGE_DAYS)
@@ -323,12 +321,10 @@ def _submit_choices(request: HttpRequest, tenant: Tenant, scenario) -> tuple[lis
     """The GPU models of the tenant's active grants for the scenario, and its templates."""
     if scenario is None:
         return [], []
-    today = timezone.localdate()
-    grants = grants_visible_to(user=request.user).filter(
-        tenant=tenant, scenario=scenario, starts_on__lte=today, ends_on__gte=today
+    gpu_models = granted_gpu_models_of(
+        user=request.user, tenant=tenant, scenario=scenario, day=timezone.localdate()
     )
-    models = {grant.gpu_model.slug: grant.gpu_model for grant in grants.order_by("gpu_model__slug")}
-    return list(models.values()), templates_for(scenario.slug)
+    return gpu_models, templates_for(scenario.slug)
 
 
 def _submit_form(request: HttpRequest, tenant: Tenant) -> dict:

@@ -117,7 +117,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "portal.core.middleware.tenant_perms_per_request",
+    "tenants.middleware.tenant_perms_per_request",
     # Last: it turns a login that axes refused into the lockout answer (portal.core.lockout).
     "axes.middleware.AxesMiddleware",
 ]
@@ -343,7 +343,11 @@ CELERY_BEAT_SCHEDULE = {
     },
     "sync-clusters": {"task": "clusters.tasks.sync_clusters", "schedule": 60.0, "options": {"expires": 55}},
     "sweep-jobs": {"task": "jobs.tasks.sweep_jobs", "schedule": 60.0, "options": {"expires": 55}},
-    "apply-tenants": {"task": "jobs.tasks.apply_tenants", "schedule": 3600.0, "options": {"expires": 3000}},
+    "apply-tenants": {
+        "task": "tenants.tasks.apply_tenants",
+        "schedule": 3600.0,
+        "options": {"expires": 3000},
+    },
     "remind-grants-ending": {
         "task": "tenants.tasks.remind_grants_ending",
         "schedule": 3600.0,

@@ -35,7 +35,7 @@ TIMEOUT_S = 30
 THROTTLE_RETRIES = 3
 MAX_WAIT_S = 65
 USAGE_MAX_DAYS = 366
-# jobs/services/submit.py MAX_PRIORITY: the highest priority a tenant's tier allows.
+# jobs/models.py MAX_PRIORITY: the highest priority a tenant's tier allows.
 TIER_CAP = {"low": "low", "normal": "normal", "high": "high", "critical": "high"}
 PRIORITIES = ["low", "normal", "high"]
 # A tenant the fuzzer creates has this prefix and a serial (a slug is unique: a repeat is a 400);

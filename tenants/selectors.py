@@ -4,13 +4,14 @@ through tenant_ids_visible_to() in SQL: one subquery, never a permission check p
 from collections import defaultdict
 from contextlib import contextmanager
 from contextvars import ContextVar
+from datetime import date
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, Permission
 from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 
-from clusters.models import Cluster, ClusterKind, IdentityCheck, JobIdentity
+from clusters.models import Cluster, ClusterKind, GpuModel, IdentityCheck, JobIdentity, Scenario
 from portal.core.compiled import CompiledQuery
 from portal.core.models import AuditEvent
 from portal.core.staff import DECIDE_QUOTA, PLATFORM_ADMIN, is_platform_admin, sees_all_tenants
@@ -56,7 +57,7 @@ def tenant_ids_visible_to(*, user: AbstractBaseUser) -> QuerySet:
     return tenant_ids_with(user=user, perm=VIEW)
 
 
-# Per request (portal.core.middleware.tenant_perms_per_request): the caller's permissions by
+# Per request (tenants.middleware.tenant_perms_per_request): the caller's permissions by
 # tenant, read once however many checks the request makes. None outside a request: every read
 # queries. A service that changes permissions calls tenant_perms_forget(), which ends the memo.
 _perms_memo: ContextVar[dict | None] = ContextVar("tenant_perms_memo", default=None)
@@ -102,15 +103,15 @@ def tenant_perms_forget() -> None:
     _perms_memo.set(None)
 
 
-def tenant_id_list(*, user: AbstractBaseUser, perm: str = VIEW) -> list[int] | QuerySet:
-    """The ids of the tenants where the user holds `perm`, as a list: a query that filters on it
-    is simpler to plan than one with the permission subquery. Platform admins keep the subquery
-    (every tenant)."""
+def tenant_id_list_visible_to(*, user: AbstractBaseUser) -> list[int] | QuerySet:
+    """The tenants of tenant_ids_visible_to as a list of ids, read from the request's permission
+    map (tenant_perm_map) instead of a subquery: a query that filters on a list is simpler to
+    plan. Staff who see every tenant keep the subquery (every tenant)."""
     if not user.is_authenticated or not user.is_active:
         return []
-    if _everywhere(user, perm):
-        return tenant_ids_with(user=user, perm=perm)
-    return sorted(tenant_id for tenant_id, perms in tenant_perm_map(user=user).items() if perm in perms)
+    if _everywhere(user, VIEW):
+        return tenant_ids_visible_to(user=user)
+    return sorted(tenant_id for tenant_id, perms in tenant_perm_map(user=user).items() if VIEW in perms)
 
 
 def tenants_visible_to(*, user: AbstractBaseUser) -> QuerySet[Tenant]:
@@ -157,6 +158,36 @@ def grants_visible_to(*, user: AbstractBaseUser) -> QuerySet[QuotaGrant]:
     return QuotaGrant.objects.filter(tenant_id__in=tenant_ids_visible_to(user=user)).select_related(
         "tenant", "scenario", "gpu_model"
     )
+
+
+def grants_of(*, user: AbstractBaseUser, tenant: Tenant) -> QuerySet[QuotaGrant]:
+    """The tenant's grants, latest ending first: the quota page's list."""
+    return grants_visible_to(user=user).filter(tenant=tenant).order_by("-ends_on", "id")
+
+
+def grants_not_ended_of(*, user: AbstractBaseUser, tenant: Tenant, day: date) -> QuerySet[QuotaGrant]:
+    """The tenant's grants not ended by `day`, in force or yet to start, soonest ending first."""
+    return grants_visible_to(user=user).filter(tenant=tenant, ends_on__gte=day).order_by("ends_on")
+
+
+def grants_active_of(*, user: AbstractBaseUser, tenant: Tenant, day: date) -> QuerySet[QuotaGrant]:
+    """The tenant's grants in force on `day`."""
+    return grants_visible_to(user=user).active_on(day).filter(tenant=tenant)
+
+
+def granted_gpu_model_ids_of(*, user: AbstractBaseUser, tenant: Tenant, day: date) -> set[int]:
+    """The ids of the GPU models that the tenant's grants in force on `day` cover."""
+    return set(grants_active_of(user=user, tenant=tenant, day=day).values_list("gpu_model_id", flat=True))
+
+
+def granted_gpu_models_of(
+    *, user: AbstractBaseUser, tenant: Tenant, scenario: Scenario, day: date
+) -> list[GpuModel]:
+    """The GPU models of the tenant's grants for the scenario in force on `day`, each once, by
+    slug: what the submit form offers."""
+    grants = grants_active_of(user=user, tenant=tenant, day=day).filter(scenario=scenario)
+    by_slug = {grant.gpu_model.slug: grant.gpu_model for grant in grants.order_by("gpu_model__slug")}
+    return list(by_slug.values())
 
 
 def audit_visible_to(*, user: AbstractBaseUser) -> QuerySet[AuditEvent]:
@@ -286,3 +317,8 @@ def active_user_named(*, username: str) -> AbstractBaseUser | None:
     """The active user of this username, or None. Whoever asks learns whether the name exists:
     callers guard it (portal.core.throttles.Allowance, scope member_lookup)."""
     return get_user_model().objects.filter(username=username, is_active=True).first()
+
+
+def tenant_ids_all() -> list[int]:
+    """Every tenant, for the beat's fan-outs (apply-tenants): not a caller's view, so no scope."""
+    return list(Tenant.objects.values_list("pk", flat=True))

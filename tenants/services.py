@@ -13,6 +13,7 @@ from clusters.models import GpuModel, Scenario, ScenarioGpu
 from portal.core.errors import Conflict, Invalid, NotFound
 from portal.core.services import audit_record
 from tenants.errors import LastOwner, QuotaExhausted, TenantSuspended
+from tenants.limits import tenant_limits_follow
 from tenants.mail import mail_on_commit
 from tenants.models import (
     Membership,
@@ -27,7 +28,6 @@ from tenants.models import (
 )
 from tenants.roles import ROLE_PERMISSIONS
 from tenants.selectors import staff_emails, tenant_manager_emails, tenant_perms_forget
-from tenants.signals import tenant_limits_changed
 
 REMINDER_DAYS = (1, 7)  # nearest first: a grant found late gets one reminder, not two
 
@@ -73,14 +73,10 @@ def tenant_update(*, actor: AbstractBaseUser, tenant: Tenant, changes: dict) -> 
                 actor=actor, action=f"tenant.{field}", target=tenant, tenant=tenant, data=changed[field]
             )
     if changed.keys() & {"tier", "state"}:
-        _limits_changed(tenant.pk)
+        tenant_limits_follow(tenant_id=tenant.pk)
     if changed.keys() - {"tier", "state"}:
         audit_record(actor=actor, action="tenant.update", target=tenant, tenant=tenant, data=changed)
     return tenant
-
-
-def _limits_changed(tenant_id: int) -> None:
-    transaction.on_commit(lambda: tenant_limits_changed.send(sender=Tenant, tenant_id=tenant_id))
 
 
 def _require_active(tenant: Tenant) -> None:
@@ -283,7 +279,7 @@ def quota_request_approve(
         starts_on=request.starts_on,
         **granted,
     )
-    _limits_changed(request.tenant_id)
+    tenant_limits_follow(tenant_id=request.tenant_id)
     partial = any(value != getattr(request, field) for field, value in granted.items())
     request.state = RequestState.PARTIALLY_APPROVED if partial else RequestState.APPROVED
     _decide(actor=actor, request=request, note=note, grant=grant)

@@ -1,5 +1,9 @@
 from celery import shared_task
 
+from clusters.backends.base import BackendUnavailable
+from clusters.selectors import cluster_ids_enabled
+from tenants.limits import tenant_apply
+from tenants.selectors import tenant_ids_all
 from tenants.services import grants_remind_ending, quota_requests_expire
 
 
@@ -13,3 +17,30 @@ def expire_quota_requests() -> int:
 def remind_grants_ending() -> int:
     """Mail the 7-day and 1-day reminders before grants end."""
     return grants_remind_ending()
+
+
+@shared_task(
+    acks_late=True,
+    soft_time_limit=120,
+    time_limit=150,
+    autoretry_for=(BackendUnavailable,),
+    retry_backoff=2,
+    retry_backoff_max=120,
+    max_retries=8,
+)
+def apply_tenant(*, tenant_id: int, cluster_id: int | None = None) -> None:
+    """The tenant's account, QOS and limits on one cluster, or on every enabled one."""
+    if cluster_id is not None:
+        tenant_apply(tenant_id=tenant_id, cluster_id=cluster_id)
+        return
+    for pk in cluster_ids_enabled():
+        apply_tenant.delay(tenant_id=tenant_id, cluster_id=pk)
+
+
+@shared_task(acks_late=True, soft_time_limit=50, time_limit=60)
+def apply_tenants() -> int:
+    """Beat, hourly: every tenant's limits on every cluster, whatever changed in between."""
+    ids = tenant_ids_all()
+    for tenant_id in ids:
+        apply_tenant.delay(tenant_id=tenant_id)
+    return len(ids)

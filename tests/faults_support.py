@@ -20,7 +20,8 @@ from clusters.backends.slurm import SlurmBackend
 from clusters.models import Cluster
 from clusters.services import cluster_config
 from jobs.models import Job
-from jobs.services import JobRequest, job_submit, tenant_apply
+from jobs.services import JobRequest, job_submit
+from tenants.limits import tenant_apply
 from tenants.models import QuotaGrant, Role, Tenant
 from tests.conftest import ROOT, VENV_BIN, database_url_of_test_db, die_with_parent, join, stop
 from tests.factories import catalog_pair

@@ -21,10 +21,10 @@ from jobs.services import (
     jobs_dispatch,
     jobs_poll,
     orphans_find,
-    tenant_apply,
 )
 from jobs.states import END_STATES
 from portal.core.models import AuditEvent
+from tenants.limits import tenant_apply
 from tenants.models import QuotaGrant, Role, Tenant
 from tests.conftest import join
 

@@ -10,7 +10,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from jobs.models import Job, JobState
-from jobs.selectors import job_rows_answered_to, jobs_answered_to
+from jobs.selectors import job_answer_rows_visible_to, job_answers_visible_to
 from jobs.serializers import JobDetailOut, JobOut
 
 pytestmark = pytest.mark.django_db
@@ -41,14 +41,14 @@ def jobs(owner, make_job):
 @pytest.mark.parametrize("serializer_class", [JobOut, JobDetailOut])
 def test_the_answer_is_drfs_answer_for_every_state(owner, jobs, serializer_class, tz):
     with timezone.override(tz):
-        for job in jobs_answered_to(user=owner, detail=True).filter(pk__in=[job.pk for job in jobs]):
+        for job in job_answers_visible_to(user=owner, detail=True).filter(pk__in=[job.pk for job in jobs]):
             built = serializer_class(job).data
             assert built == drf_walk(serializer_class, job), job.state
             assert list(built) == serializer_class.Meta.fields
 
 
 def test_a_page_answers_as_each_job_alone(owner, jobs):
-    page = list(jobs_answered_to(user=owner).order_by("id"))
+    page = list(job_answers_visible_to(user=owner).order_by("id"))
     assert JobOut(page, many=True).data == [drf_walk(JobOut, job) for job in page]
     finished = next(row for row in JobOut(page, many=True).data if row["state"] == JobState.COMPLETED)
     assert finished["gpu_hours"] == Decimal("1.0001") and finished["gpu_hours_reserved"] == Decimal("0.13")
@@ -61,9 +61,9 @@ def test_a_page_answers_as_each_job_alone(owner, jobs):
 def test_the_lists_rows_answer_as_the_jobs_do(owner, jobs, tz):
     """The API's list reads rows (dicts of a values() query), not jobs."""
     with timezone.override(tz):
-        rows = list(job_rows_answered_to(user=owner).order_by("id"))
+        rows = list(job_answer_rows_visible_to(user=owner).order_by("id"))
         assert all(isinstance(row, dict) for row in rows)
-        page = list(jobs_answered_to(user=owner).order_by("id"))
+        page = list(job_answers_visible_to(user=owner).order_by("id"))
         answers = JobOut(rows, many=True).data
         assert answers == [drf_walk(JobOut, job) for job in page]
         assert all(list(answer) == JobOut.Meta.fields for answer in answers)
@@ -71,7 +71,7 @@ def test_the_lists_rows_answer_as_the_jobs_do(owner, jobs, tz):
 
 
 def test_a_page_of_detailed_jobs_keeps_their_detail(owner, jobs):
-    page = list(jobs_answered_to(user=owner, detail=True).order_by("id"))
+    page = list(job_answers_visible_to(user=owner, detail=True).order_by("id"))
     assert JobDetailOut(page, many=True).data == [drf_walk(JobDetailOut, job) for job in page]
 
 

@@ -11,7 +11,7 @@ from playwright.sync_api import expect
 
 from clusters.models import Cluster, IdentityCheck, JobIdentity, Partition
 from jobs.models import Job
-from jobs.services.limits import identities_record, tenant_limits
+from tenants.limits import identities_record, tenant_limits
 from tenants.models import ClusterAccount, Profile, Role
 from tenants.selectors import job_identity_of, tenant_identities
 from tests.browser import browser_page, log_in, screenshot

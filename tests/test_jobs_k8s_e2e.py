@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from clusters.models import Cluster, Partition
-from jobs.services import tenant_apply
+from tenants.limits import tenant_apply
 from tenants.models import QuotaGrant
 from tests.jobs_support import api_submit, follow
 from tests.k8s_apiserver import FakeApiServer

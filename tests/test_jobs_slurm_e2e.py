@@ -16,9 +16,9 @@ from clusters.backends.base import ClusterConfig
 from clusters.backends.slurm import SlurmBackend
 from clusters.services import cluster_config
 from jobs.models import Job
-from jobs.services import tenant_apply
 from jobs.tasks import sweep_jobs
 from portal.celery import app
+from tenants.limits import tenant_apply
 from tenants.models import QuotaGrant, Role, Tenant
 from tests.conftest import ROOT, database_url_of_test_db, join, start_celery_worker, stop
 from tests.jobs_support import api_submit

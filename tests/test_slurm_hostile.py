@@ -18,7 +18,8 @@ from django.utils import timezone
 from clusters.backends.base import JobRef
 from clusters.services import backend_of
 from jobs.models import Job
-from jobs.services import JobRequest, job_log_tail, job_submit, jobs_dispatch, orphans_find, tenant_apply
+from jobs.services import JobRequest, job_log_tail, job_submit, jobs_dispatch, orphans_find
+from tenants.limits import tenant_apply
 from tenants.models import QuotaGrant, Role, Tenant
 from tests.conftest import join
 from tests.faults_support import wait_until

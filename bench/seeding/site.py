@@ -21,7 +21,7 @@ from django.utils import timezone
 from bench.seeding import timelines
 from bench.seeding.db import SeedError, copy_dicts, copy_rows, reserve_ids
 from clusters.models import Cluster, ClusterKind, JobIdentity, Partition, Scenario, ScenarioGpu
-from jobs.models import Job, JobEvent, JobState, Priority, new_token
+from jobs.models import Job, JobEvent, JobState, Priority, default_priority, new_token
 from portal.core.models import ApiToken, AuditEvent, token_digest
 from tenants.models import (
     Membership,
@@ -317,7 +317,7 @@ class SiteSeeder:
                 nodes=nodes,
                 walltime_minutes=rng.choice(walltimes[partition.pk]),
                 submitter=rng.choice(submitters[tenant.id]),
-                priority=Priority.LOW if low else timelines.default_priority(tenant.tier),
+                priority=Priority.LOW if low else default_priority(tenant.tier),
             )
 
         self.jobs: list[PlannedJob] = []

@@ -15,8 +15,6 @@ from decimal import ROUND_CEILING, Decimal
 from django.conf import settings
 
 from jobs.models import JobState as S
-from jobs.models import Priority
-from jobs.services.submit import MAX_PRIORITY, PRIORITY_ORDER
 from jobs.states import check_move
 
 HISTORY_DAYS = 90
@@ -97,11 +95,6 @@ def used_hours(gpus: int, started: datetime | None, finished: datetime) -> Decim
         return Decimal(0)
     elapsed_h = Decimal(max(0.0, (finished - started).total_seconds()) / 3600)
     return (elapsed_h * gpus).quantize(HOURS_4)
-
-
-def default_priority(tier: str) -> str:
-    """job_submit's default: normal, or the tier's cap when that is lower."""
-    return min(Priority.NORMAL, MAX_PRIORITY[tier], key=PRIORITY_ORDER.index)
 
 
 @dataclass

@@ -24,7 +24,6 @@ from jobs.services.cleanup import (
 from jobs.services.dispatch import job_claim, jobs_dispatch, jobs_sweep, spec_of
 from jobs.services.finish import job_finish
 from jobs.services.idle import IdleReport, jobs_watch_idle
-from jobs.services.limits import tenant_apply, tenant_limits
 from jobs.services.logs import job_log_tail
 from jobs.services.poll import jobs_poll
 from jobs.services.submit import IDEMPOTENCY_KEY_MAX, JobPreview, JobRequest, job_preview, job_submit
@@ -59,7 +58,5 @@ __all__ = [
     "scratch_purge",
     "scratch_purge_targets",
     "spec_of",
-    "tenant_apply",
-    "tenant_limits",
     "tenants_hold_suspended",
 ]

@@ -32,10 +32,10 @@ from clusters.models import Cluster, ClusterKind, Partition
 from clusters.services import backend_of, cluster_config, cluster_mark_health
 from jobs.models import Job, JobEvent, JobState
 from jobs.services.cancel import job_cancel
-from jobs.services.common import send_after_commit
 from jobs.states import ACTIVE_IN_SCHEDULER, END_STATES
 from portal.core.models import AuditEvent
 from portal.core.services import audit_record
+from tenants.limits import tenant_limits_follow
 from tenants.models import QuotaGrant, Tenant, TenantState
 from tenants.selectors import tenants_identities
 
@@ -211,10 +211,10 @@ def _ask(report: CleanupReport, cluster: Cluster, call, *args, **kwargs):
 
 
 def _apply_limits(report, tenant_ids: set[int], dry_run: bool) -> None:
-    """Re-apply the tenants' limits on every enabled cluster (jobs.tasks.apply_tenant, on commit)."""
+    """Re-apply the tenants' limits on every enabled cluster (tenants.tasks.apply_tenant, on commit)."""
     for tenant_id in sorted(tenant_ids):
         if not dry_run:
-            send_after_commit("jobs.tasks.apply_tenant", tenant_id=tenant_id)
+            tenant_limits_follow(tenant_id=tenant_id)
         report.tenants_applied.append(tenant_id)
 
 

@@ -17,23 +17,16 @@ from django.utils import timezone
 
 from clusters.models import Cluster, GpuModel, JobIdentity, Partition, Scenario
 from jobs.job_templates import TemplateInvalid, render_template
-from jobs.models import PRIORITY_ORDER, Job, JobEvent, JobState, Priority
+from jobs.models import MAX_PRIORITY, Job, JobEvent, JobState, default_priority, priority_above_cap
 from jobs.services.admission import gpus_held_on, jobs_admit_soon
 from jobs.services.common import log, send_after_commit
 from portal.core.errors import Conflict, Invalid
 from portal.core.services import audit_record
 from tenants.errors import NoQuota, QuotaExhausted, TenantSuspended
-from tenants.models import QuotaGrant, Tenant, TenantState, Tier
+from tenants.models import QuotaGrant, Tenant, TenantState
 from tenants.selectors import job_identity_of
 from tenants.services import grant_reserve
 
-# A tenant's tier caps the priority its jobs may ask for within it.
-MAX_PRIORITY = {
-    Tier.LOW: Priority.LOW,
-    Tier.NORMAL: Priority.NORMAL,
-    Tier.HIGH: Priority.HIGH,
-    Tier.CRITICAL: Priority.HIGH,
-}
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 # Set by the portal or the scheduler: a job may not override them.
 RESERVED_ENV = re.compile(
@@ -132,19 +125,17 @@ def _check_shape(request: JobRequest, partition: Partition) -> None:
     cap = min(partition.max_walltime_minutes, settings.JOB_MAX_WALLTIME_MINUTES)
     if request.walltime_minutes > cap:
         errors["walltime_minutes"] = f"At most {cap} minutes on {partition}."
-    tier_cap = MAX_PRIORITY[request.tenant.tier]
-    if request.priority and PRIORITY_ORDER.index(request.priority) > PRIORITY_ORDER.index(tier_cap):
-        errors["priority"] = f"A {request.tenant.tier}-tier tenant's jobs go up to {tier_cap}."
+    if request.priority and priority_above_cap(request.priority, request.tenant.tier):
+        errors["priority"] = (
+            f"A {request.tenant.tier}-tier tenant's jobs go up to {MAX_PRIORITY[request.tenant.tier]}."
+        )
     if errors:
         raise Invalid(errors)
 
 
 def _priority(request: JobRequest) -> str:
     """The priority asked for, or normal capped by the tenant's tier when none was."""
-    if request.priority:
-        return request.priority
-    cap = MAX_PRIORITY[request.tenant.tier]
-    return min(Priority.NORMAL, cap, key=PRIORITY_ORDER.index)
+    return request.priority or default_priority(request.tenant.tier)
 
 
 def _script(request: JobRequest, partition: Partition) -> str:

@@ -1,21 +1,7 @@
-"""Request-scoped state the selectors share, and the pages' guard against impossible input."""
+"""The pages' guard against impossible input."""
 
 from django.core.exceptions import SuspiciousOperation
 from django.views.defaults import bad_request
-
-from tenants.selectors import tenant_perms_memoized
-
-
-def tenant_perms_per_request(get_response):
-    """A request reads the caller's tenant permissions once (tenants.selectors.tenant_perm_map),
-    however many checks it makes; the next request reads them afresh."""
-
-    def middleware(request):
-        with tenant_perms_memoized():
-            return get_response(request)
-
-    return middleware
-
 
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 

@@ -43,7 +43,7 @@ GPUs and max_walltime_minutes), and takes GPUs at once while the partition has t
 The seed writes rows only and asks no scheduler. With a worker and beat running on the same
 database: the first poll finds none of the seeded active jobs in Slurm and ends them LOST
 (their grants settled); and the seeded tenants have no Slurm account until apply-tenants (hourly,
-or jobs.services.tenant_apply) makes them, so that sbatch refuses a load's job (REJECTED).
+or tenants.limits.tenant_apply) makes them, so that sbatch refuses a load's job (REJECTED).
 """
 
 import json

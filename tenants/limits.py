@@ -1,18 +1,19 @@
 """The schedulers' view of a tenant: its account or namespace and its limits."""
 
+import logging
 from decimal import Decimal
 
+from django.db import transaction
 from django.utils import timezone
+from kombu.exceptions import OperationalError
 
-from clusters.backends.base import (
-    TenantLimits,
-)
+from clusters.backends.base import TenantLimits
 from clusters.models import Cluster, IdentityCheck
 from clusters.services import backend_of
 from tenants.models import QuotaGrant, Tenant, TenantState
 from tenants.selectors import tenant_identities
 
-# --- The schedulers' view of a tenant
+log = logging.getLogger("tenants.limits")
 
 
 def tenant_limits(*, tenant: Tenant, cluster: Cluster) -> TenantLimits:
@@ -27,7 +28,7 @@ def tenant_limits(*, tenant: Tenant, cluster: Cluster) -> TenantLimits:
     gpus_by_type: dict[str, int] = {}
     k8s: dict[str, int] = {}
     minutes = Decimal(0)
-    grants = QuotaGrant.objects.filter(tenant=tenant, starts_on__lte=today, ends_on__gte=today)
+    grants = QuotaGrant.objects.active_on(today).filter(tenant=tenant)
     grants = grants.select_related("gpu_model")
     if tenant.state == TenantState.ACTIVE:
         for grant in grants:
@@ -65,3 +66,22 @@ def identities_record(*, cluster: Cluster, problems: dict[str, str]) -> None:
         IdentityCheck.objects.update_or_create(
             cluster=cluster, username=username, defaults={"problem": problem[:300], "checked_at": now}
         )
+
+
+def tenant_limits_follow(*, tenant_id: int) -> None:
+    """After commit, the tenant's limits applied again on every enabled cluster
+    (tenants.tasks.apply_tenant): its grants, tier or state changed. A broker that is down costs
+    only the message: apply-tenants applies every tenant's limits again within the hour."""
+    from tenants.tasks import apply_tenant  # tasks import this module
+
+    def send() -> None:
+        try:
+            # ignore_result: nobody waits for it, and outside a worker Celery would first subscribe
+            # to the result backend, which blocks for seconds while Redis is down.
+            apply_tenant.apply_async(kwargs={"tenant_id": tenant_id}, ignore_result=True)
+        except OperationalError as exc:
+            log.warning(
+                "broker unreachable, apply_tenant(tenant_id=%s) left to apply-tenants: %s", tenant_id, exc
+            )
+
+    transaction.on_commit(send)
