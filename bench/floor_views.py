@@ -37,7 +37,7 @@ from jobs.models import Job
 from jobs.selectors import API_JOB_FIELDS
 from jobs.serializers import job_answer
 from portal.core.models import ApiToken, token_digest
-from portal.core.throttles import _count
+from portal.core.throttles import window_count
 from tenants.models import Tenant, TenantUserPermission
 from tenants.roles import VIEW
 
@@ -79,7 +79,7 @@ def _caller(request, cursor) -> int | HttpResponse:
         return _problem(401, "authentication_failed")
     allowed, window_s = SimpleRateThrottle.parse_rate(None, settings.API_THROTTLE_RATES["user"])
     window = int(time.time() // window_s)
-    if _count(f"throttle:floor:{row[0]}:{window_s}:{window}", window_s) > allowed:  # not the portal's
+    if window_count(f"throttle:floor:{row[0]}:{window_s}:{window}", window_s) > allowed:  # not the portal's
         return _problem(429, "throttled")
     if not _view_perm:
         _view_perm.append(Permission.objects.get(codename=VIEW, content_type__app_label="tenants").pk)

@@ -66,7 +66,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import peers  # noqa: E402
 from bench.figures import Recorder, print_summary, print_table, targets  # noqa: E402
-from bench.rss import RssSampler, _children, cpu_pressure, cpu_some_avg10  # noqa: E402
+from bench.rss import RssSampler, children_of, cpu_pressure, cpu_some_avg10  # noqa: E402
 
 SUBMIT_ROLES = {"owner", "manager", "member"}
 ACTIVE_STATES = ("QUEUED", "SUBMITTING", "PENDING", "RUNNING", "CANCELLING")
@@ -528,7 +528,7 @@ class FloorServer:
 
     def workers(self) -> int:
         try:
-            count = len(_children(int((self.stack_dir / "web.pid").read_text())))
+            count = len(children_of(int((self.stack_dir / "web.pid").read_text())))
         except (OSError, ValueError):
             count = 2 * (os.cpu_count() or 1) + 1
         return min(self.MAX_WORKERS, max(1, count))

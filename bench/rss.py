@@ -10,7 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 
 
-def _children(pid: int) -> list[int]:
+def children_of(pid: int) -> list[int]:
     found = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
@@ -51,7 +51,7 @@ class RssSampler(threading.Thread):
             except (OSError, ValueError):
                 continue
             found[f"{kind} master {master}"] = master
-            for child in _children(master):
+            for child in children_of(master):
                 found[f"{kind} {'worker' if kind == 'web' else 'child'} {child}"] = child
         return found
 

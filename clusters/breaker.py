@@ -32,7 +32,7 @@ from django.core.cache import cache
 
 from clusters.backends.base import BackendUnavailable
 
-_HOST = socket.gethostname()  # a slot's owner: host, pid and a nonce
+HOST = socket.gethostname()  # a slot's owner: host, pid and a nonce
 
 # Why a job waits while its cluster's breaker is open (Job.reason).
 REASON_UNAVAILABLE = "cluster_unavailable"
@@ -66,7 +66,7 @@ class BreakerState:
 _CLOSED = BreakerState(failures=0, open_until=0.0, level=0, detail="")
 
 
-def _key(cluster_id: int, part: str) -> str:
+def cache_key(cluster_id: int, part: str) -> str:
     return f"cluster-breaker:{cluster_id}:{part}"
 
 
@@ -77,9 +77,9 @@ def _keep_s() -> int:
 
 def breaker_state(*, cluster_id: int) -> BreakerState:
     """The breaker of one cluster as the cache holds it."""
-    values = cache.get_many([_key(cluster_id, "failures"), _key(cluster_id, "open")])
-    opened = values.get(_key(cluster_id, "open"))
-    failures = int(values.get(_key(cluster_id, "failures")) or 0)
+    values = cache.get_many([cache_key(cluster_id, "failures"), cache_key(cluster_id, "open")])
+    opened = values.get(cache_key(cluster_id, "open"))
+    failures = int(values.get(cache_key(cluster_id, "failures")) or 0)
     if not opened:
         return BreakerState(failures=failures, open_until=0.0, level=0, detail="")
     return BreakerState(failures=failures, **opened)
@@ -87,7 +87,7 @@ def breaker_state(*, cluster_id: int) -> BreakerState:
 
 def breakers_cooling(*, cluster_ids: set[int]) -> set[int]:
     """Of these clusters, those whose breaker is open and cooling: one cache read for all."""
-    keys = {_key(pk, "open"): pk for pk in cluster_ids}
+    keys = {cache_key(pk, "open"): pk for pk in cluster_ids}
     now = time.time()
     return {keys[key] for key, value in cache.get_many(list(keys)).items() if value["open_until"] > now}
 
@@ -95,7 +95,7 @@ def breakers_cooling(*, cluster_ids: set[int]) -> set[int]:
 def breaker_failure(*, cluster_id: int, detail: str) -> BreakerState:
     """One more failure to reach the cluster: opens the breaker at the threshold, and a failure
     while open (the probe's) opens it again with the cool-off doubled."""
-    key = _key(cluster_id, "failures")
+    key = cache_key(cluster_id, "failures")
     cache.add(key, 0, timeout=_keep_s())
     try:
         failures = cache.incr(key)
@@ -112,7 +112,7 @@ def breaker_failure(*, cluster_id: int, detail: str) -> BreakerState:
         return state
     cooloff_s = min(settings.CLUSTER_BREAKER_COOLOFF_S * 2**level, settings.CLUSTER_BREAKER_COOLOFF_MAX_S)
     opened = {"open_until": time.time() + cooloff_s, "level": level, "detail": detail[:500]}
-    cache.set(_key(cluster_id, "open"), opened, timeout=_keep_s())
+    cache.set(cache_key(cluster_id, "open"), opened, timeout=_keep_s())
     return BreakerState(failures=failures, **opened)
 
 
@@ -122,17 +122,19 @@ def breaker_success(*, cluster_id: int, known: BreakerState | None = None) -> bo
     state = known if known is not None else breaker_state(cluster_id=cluster_id)
     if state.failures == 0 and not state.open:
         return False
-    cache.delete_many([_key(cluster_id, "failures"), _key(cluster_id, "open"), _key(cluster_id, "probe")])
+    cache.delete_many(
+        [cache_key(cluster_id, "failures"), cache_key(cluster_id, "open"), cache_key(cluster_id, "probe")]
+    )
     return state.open
 
 
 def breaker_probe_claim(*, cluster_id: int, hold_s: float) -> bool:
     """The one half-open probe after a cool-off: True for the caller that may ask the cluster."""
-    return cache.add(_key(cluster_id, "probe"), 1, timeout=max(1, int(hold_s)))
+    return cache.add(cache_key(cluster_id, "probe"), 1, timeout=max(1, int(hold_s)))
 
 
 def breaker_probe_release(*, cluster_id: int) -> None:
-    cache.delete(_key(cluster_id, "probe"))
+    cache.delete(cache_key(cluster_id, "probe"))
 
 
 @contextmanager
@@ -142,8 +144,8 @@ def cluster_slot(*, cluster_id: int, hold_s: float) -> Iterator[bool]:
     caller sets to its task's hard limit; sooner when the killed worker ran on this machine: a
     slot whose owner's process is gone here is taken back (an OOM-killed worker must not hold
     the cluster's dispatch for minutes)."""
-    owner = f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex}"
-    keys = [_key(cluster_id, f"slot{number}") for number in range(settings.CLUSTER_WORKER_SLOTS)]
+    owner = f"{HOST}:{os.getpid()}:{uuid.uuid4().hex}"
+    keys = [cache_key(cluster_id, f"slot{number}") for number in range(settings.CLUSTER_WORKER_SLOTS)]
     timeout = max(1, int(hold_s))
     taken = next((key for key in keys if cache.add(key, owner, timeout=timeout)), None)
     if taken is None and _reclaim_dead(keys):
@@ -165,7 +167,7 @@ def _reclaim_dead(keys: list[str]) -> bool:
         holder = cache.get(key)
         host, _sep, rest = str(holder or "").partition(":")
         pid = rest.partition(":")[0]
-        if host == _HOST and pid.isdigit() and not _alive(int(pid)) and cache.get(key) == holder:
+        if host == HOST and pid.isdigit() and not _alive(int(pid)) and cache.get(key) == holder:
             cache.delete(key)
             freed = True
     return freed

@@ -118,3 +118,10 @@ def cluster_ids_to_poll() -> list[int]:
     to follow to their end."""
     busy = Job.objects.filter(state__in=ACTIVE_IN_SCHEDULER).values("cluster_id")
     return list(Cluster.objects.filter(Q(enabled=True) | Q(pk__in=busy)).values_list("pk", flat=True))
+
+
+def awaiting_dispatch(now) -> Q:
+    """Admitted QUEUED jobs, and SUBMITTING ones whose last dispatcher is gone, with no live
+    dispatch lease: what a dispatcher may claim, and what waits while its cluster stalls."""
+    claimable = Q(state=JobState.QUEUED, holds_gpus=True) | Q(state=JobState.SUBMITTING)
+    return claimable & (Q(dispatch_lease_until__isnull=True) | Q(dispatch_lease_until__lt=now))

@@ -470,7 +470,7 @@ def test_health_and_the_pooled_connection(backend):
     assert health.healthy and "is UP" in health.detail, health
     other = SlurmBackend(make_config())
     other.run(["true"])
-    entry = ssh._POOL[make_config().slug]
+    entry = ssh.POOL[make_config().slug]
     transport = entry.client.get_transport()
     assert other.run(["true"]).rc == 0 and entry.client.get_transport() is transport  # reused
 

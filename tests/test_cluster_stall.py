@@ -275,18 +275,18 @@ def test_a_slot_left_by_a_worker_killed_on_this_machine_is_taken_back(db, settin
     holder lives stays taken."""
     settings.CLUSTER_WORKER_SLOTS = 1
     cluster = _local_cluster()
-    key = breaker._key(cluster.pk, "slot0")
+    key = breaker.cache_key(cluster.pk, "slot0")
     alive = subprocess.Popen(["sleep", "60"])
     dead = subprocess.Popen(["true"])
     dead.wait(timeout=10)
     try:
         # what each one's cluster_slot would have written: host, pid, nonce
-        cache.set(key, f"{breaker._HOST}:{alive.pid}:x", timeout=600)
+        cache.set(key, f"{breaker.HOST}:{alive.pid}:x", timeout=600)
         with cluster_slot(cluster_id=cluster.pk, hold_s=600) as free:
             assert not free  # its holder runs: not taken back
-        cache.set(key, f"{breaker._HOST}:{dead.pid}:x", timeout=600)
+        cache.set(key, f"{breaker.HOST}:{dead.pid}:x", timeout=600)
         with cluster_slot(cluster_id=cluster.pk, hold_s=600) as free:
-            assert free and cache.get(key).startswith(f"{breaker._HOST}:{os.getpid()}:")
+            assert free and cache.get(key).startswith(f"{breaker.HOST}:{os.getpid()}:")
         cache.set(key, f"another-host:{dead.pid}:x", timeout=600)
         with cluster_slot(cluster_id=cluster.pk, hold_s=600) as free:
             assert not free  # another machine's process: its liveness is not ours to judge

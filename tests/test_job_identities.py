@@ -180,13 +180,23 @@ def test_a_job_from_before_identities_is_the_service_users_to_the_orphan_check(s
     """Jobs submitted before jobs ran as identities record none (cluster_user ""): they ran as the
     cluster's SSH user, and the orphan check must not take them for someone else's."""
     from clusters.backends.base import SchedulerJob
-    from jobs.services.cleanup import _owned
+    from jobs.services.cleanup import scheduler_job_is_ours
 
     token = "a" * 32
     legacy = ("RUNNING", slurm.pk, "41", "protein-lab", "")
-    assert _owned(SchedulerJob("41", token, "protein-lab", "RUNNING", user="gpuportal"), legacy, slurm)
-    assert not _owned(SchedulerJob("41", token, "protein-lab", "RUNNING", user="pt-x"), legacy, slurm)
+    assert scheduler_job_is_ours(
+        SchedulerJob("41", token, "protein-lab", "RUNNING", user="gpuportal"), legacy, slurm
+    )
+    assert not scheduler_job_is_ours(
+        SchedulerJob("41", token, "protein-lab", "RUNNING", user="pt-x"), legacy, slurm
+    )
     current = ("RUNNING", slurm.pk, "42", "protein-lab", "protein-lab")
-    assert _owned(SchedulerJob("42", token, "protein-lab", "RUNNING", user="protein-lab"), current, slurm)
-    assert not _owned(SchedulerJob("42", token, "protein-lab", "RUNNING", user="gpuportal"), current, slurm)
-    assert not _owned(SchedulerJob("42", token, "other-team", "RUNNING", user="protein-lab"), current, slurm)
+    assert scheduler_job_is_ours(
+        SchedulerJob("42", token, "protein-lab", "RUNNING", user="protein-lab"), current, slurm
+    )
+    assert not scheduler_job_is_ours(
+        SchedulerJob("42", token, "protein-lab", "RUNNING", user="gpuportal"), current, slurm
+    )
+    assert not scheduler_job_is_ours(
+        SchedulerJob("42", token, "other-team", "RUNNING", user="protein-lab"), current, slurm
+    )

@@ -362,7 +362,7 @@ def orphans_find(*, dry_run: bool | None = None) -> OrphanReport:
         )
         known = {token: rest for token, *rest in rows}
         live = {token: row[0] for token, row in known.items()}
-        orphans = [job for job in held if not _owned(job, known.get(job.token), cluster)]
+        orphans = [job for job in held if not scheduler_job_is_ours(job, known.get(job.token), cluster)]
         report.more = report.more or len(orphans) > MAX_ORPHANS_PER_CLUSTER
         for job in orphans[:MAX_ORPHANS_PER_CLUSTER]:
             row = {"cluster": cluster.slug, "backend_id": job.backend_id, "account": job.account}
@@ -388,7 +388,7 @@ def orphans_find(*, dry_run: bool | None = None) -> OrphanReport:
     return report
 
 
-def _owned(job, row, cluster: Cluster) -> bool:
+def scheduler_job_is_ours(job, row, cluster: Cluster) -> bool:
     """A scheduler job is the portal job whose token it carries only if that job is live, on this
     cluster, under its tenant's account, run by its identity, and (once submitted) has this
     scheduler id: a second job made with a live job's token is an orphan too, whoever made it."""

@@ -20,6 +20,7 @@ from clusters.breaker import ClusterBusy, breakers_cooling, cluster_slot
 from clusters.models import Cluster
 from clusters.services import backend_of, cluster_answered, cluster_available, cluster_mark_health
 from jobs.models import Job, JobEvent, JobState
+from jobs.selectors import awaiting_dispatch
 from jobs.services.admission import job_held_back, job_unadmit_if_held, jobs_admit
 from jobs.services.common import moved_event, send_now
 from jobs.services.finish import job_finish
@@ -76,7 +77,7 @@ def jobs_dispatch(*, job_id: int, retry: bool = False, batch: int | None = None)
     ends, since each waiting job has a message of its own. A retry (`retry`: the last batch
     left jobs to try again, whose own messages are spent) takes what waits even then. Returns
     how many jobs this call took."""
-    if not retry and not Job.objects.filter(_claimable(timezone.now()), pk=job_id).exists():
+    if not retry and not Job.objects.filter(awaiting_dispatch(timezone.now()), pk=job_id).exists():
         return 0
     cluster = Cluster.objects.filter(jobs=job_id).first()
     if cluster is None:
@@ -105,12 +106,6 @@ def _dispatch_batch(job_id: int, *, cluster: Cluster, batch: int | None) -> int:
     return len(jobs)
 
 
-def _claimable(now) -> Q:
-    """Admitted QUEUED jobs, and SUBMITTING ones whose last dispatcher is gone, with no live lease."""
-    claimable = Q(state=JobState.QUEUED, holds_gpus=True) | Q(state=JobState.SUBMITTING)
-    return claimable & (Q(dispatch_lease_until__isnull=True) | Q(dispatch_lease_until__lt=now))
-
-
 def jobs_claim(job_id: int, *, cluster_id: int, limit: int) -> list[Job]:
     """Take the dispatch leases of up to `limit` claimable jobs of one cluster, the given job
     first (with a limit of 1, that job alone): the leases in one transaction, rows another
@@ -123,7 +118,7 @@ def jobs_claim(job_id: int, *, cluster_id: int, limit: int) -> list[Job]:
     with transaction.atomic():
         ids = list(
             Job.objects.select_for_update(skip_locked=True)
-            .filter(_claimable(now), cluster_id=cluster_id, **({"pk": job_id} if limit == 1 else {}))
+            .filter(awaiting_dispatch(now), cluster_id=cluster_id, **({"pk": job_id} if limit == 1 else {}))
             .order_by(Case(When(pk=job_id, then=0), default=1), "pk")
             .values_list("pk", flat=True)[:limit]
         )

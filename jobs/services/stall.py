@@ -6,13 +6,12 @@ from django.utils import timezone
 
 from clusters.breaker import REASON_UNAVAILABLE
 from jobs.models import Job
+from jobs.selectors import awaiting_dispatch
 from jobs.services.common import send_after_commit
 
 
 def _waiting(cluster_id: int) -> Q:
-    from jobs.services.dispatch import _claimable  # dispatch imports this module
-
-    return _claimable(timezone.now()) & Q(cluster_id=cluster_id)
+    return awaiting_dispatch(timezone.now()) & Q(cluster_id=cluster_id)
 
 
 def jobs_hold_for_cluster(*, cluster_id: int) -> int:

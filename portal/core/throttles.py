@@ -50,7 +50,7 @@ def client_ip(request) -> str:
     return remote
 
 
-def _count(key: str, window_s: int) -> int:
+def window_count(key: str, window_s: int) -> int:
     """Add one to the caller's counter of this window and return it. On Redis one round trip
     (INCR and EXPIRE in a pipeline); on any other cache an add and an incr."""
     client_of = getattr(getattr(cache, "_cache", None), "get_client", None)
@@ -88,7 +88,7 @@ class _CounterThrottle(BaseThrottle):
         window = int(now // window_s)
         self._wait = (window + 1) * window_s - now
         try:
-            count = _count(f"throttle:{self.scope}:{ident}:{window_s}:{window}", window_s)
+            count = window_count(f"throttle:{self.scope}:{ident}:{window_s}:{window}", window_s)
         except Exception as exc:  # the cache backend's own errors (redis, file system) differ
             if not self.fail_open:
                 raise
@@ -157,7 +157,7 @@ class Allowance:
     def spend(self) -> None:
         key, _wait = self._key()
         try:
-            _count(key, self.window_s)
+            window_count(key, self.window_s)
         except Exception as exc:
             raise _unavailable("written") from exc
 

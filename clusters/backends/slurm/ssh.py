@@ -84,7 +84,7 @@ class _Pooled:
 
 # cluster slug → its connection. Keyed by pid too: a Celery prefork child must not share the
 # parent's socket, so an entry inherited across fork() is dropped (not closed) and replaced.
-_POOL: dict[str, _Pooled] = {}
+POOL: dict[str, _Pooled] = {}
 _POOL_LOCK = threading.Lock()
 _COMMANDS: Counter[str] = Counter()  # cluster slug → commands sent by this process
 
@@ -104,11 +104,11 @@ def _fingerprint(config: ClusterConfig) -> str:
 def _entry(config: ClusterConfig) -> _Pooled:
     fingerprint, pid = _fingerprint(config), os.getpid()
     with _POOL_LOCK:
-        entry = _POOL.get(config.slug)
+        entry = POOL.get(config.slug)
         if entry is None or entry.fingerprint != fingerprint or entry.pid != pid:
             if entry is not None and entry.pid == pid:
                 entry.close()  # the cluster's settings changed: drop the old connection
-            entry = _POOL[config.slug] = _Pooled(fingerprint=fingerprint, pid=pid)
+            entry = POOL[config.slug] = _Pooled(fingerprint=fingerprint, pid=pid)
         return entry
 
 
