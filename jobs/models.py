@@ -6,29 +6,13 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
+from clusters.backends.base import JobState
 from clusters.models import Cluster, GpuModel, Partition, Scenario
 from tenants.models import QuotaGrant, Tenant, Tier
 
 job_name_validator = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", _("1 to 64 letters, digits, dots, dashes and underscores.")
 )
-
-
-class JobState(models.TextChoices):
-    QUEUED = "QUEUED", _("Queued")
-    SUBMITTING = "SUBMITTING", _("Submitting")
-    PENDING = "PENDING", _("Pending")
-    RUNNING = "RUNNING", _("Running")
-    CANCELLING = "CANCELLING", _("Cancelling")
-    COMPLETED = "COMPLETED", _("Completed")
-    FAILED = "FAILED", _("Failed")
-    CANCELLED = "CANCELLED", _("Cancelled")
-    TIMEOUT = "TIMEOUT", _("Timed out")
-    NODE_FAIL = "NODE_FAIL", _("Node failure")
-    OUT_OF_MEMORY = "OUT_OF_MEMORY", _("Out of memory")
-    PREEMPTED = "PREEMPTED", _("Preempted")
-    REJECTED = "REJECTED", _("Rejected")
-    LOST = "LOST", _("Lost")
 
 
 class Priority(models.TextChoices):

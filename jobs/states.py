@@ -1,21 +1,11 @@
-"""The allowed moves between job states (DESIGN.md, Job states): one table, and a move outside
-it is a bug that raises."""
+"""The allowed moves between job states (docs/architecture.md, job states): one table, and a
+move outside it is a bug that raises. The states themselves, and which of them are ends, are
+clusters.backends.base's JobState and END_STATES: the one list that jobs and backends share."""
 
-from jobs.models import JobState as S
+from clusters.backends.base import END_STATES
+from clusters.backends.base import JobState as S
 
-END_STATES = frozenset(
-    {
-        S.COMPLETED,
-        S.FAILED,
-        S.CANCELLED,
-        S.TIMEOUT,
-        S.NODE_FAIL,
-        S.OUT_OF_MEMORY,
-        S.PREEMPTED,
-        S.REJECTED,
-        S.LOST,
-    }
-)
+__all__ = ["ACTIVE_IN_SCHEDULER", "ALLOWED", "END_STATES", "InvalidTransition", "check_move"]
 ACTIVE_IN_SCHEDULER = frozenset({S.SUBMITTING, S.PENDING, S.RUNNING, S.CANCELLING})
 
 _SCHEDULER_ENDS = END_STATES - {S.REJECTED}

@@ -100,20 +100,23 @@ def test_list_jobs_gives_the_token_and_state_of_jobs_that_have_not_ended(api, ba
     running, running_token = submit(backend, "sleep 30")
     other, other_token = submit(backend, "sleep 30", account="climate-lab")
     done, _ = submit(backend, "true")
-    wait_for_states(backend, {running: {base.RUNNING}, other: {base.RUNNING}, done: {base.COMPLETED}})
+    wait_for_states(
+        backend,
+        {running: {base.JobState.RUNNING}, other: {base.JobState.RUNNING}, done: {base.JobState.COMPLETED}},
+    )
 
     before = len(api.requests)
     listed = backend.list_jobs(["protein-lab", "climate-lab"])
     assert sorted(listed, key=lambda job: job.account) == [
-        base.SchedulerJob(other, other_token, "climate-lab", base.RUNNING),
-        base.SchedulerJob(running, running_token, "protein-lab", base.RUNNING),
+        base.SchedulerJob(other, other_token, "climate-lab", base.JobState.RUNNING),
+        base.SchedulerJob(running, running_token, "protein-lab", base.JobState.RUNNING),
     ]
     (call,) = requests_since(api, before)  # one list across namespaces, by the portal's label
     assert call[:2] == ("GET", "/apis/batch/v1/jobs")
     assert call[2]["labelSelector"] == "app.kubernetes.io/managed-by=gpu-portal"
 
     assert backend.list_jobs(["protein-lab"]) == [
-        base.SchedulerJob(running, running_token, "protein-lab", base.RUNNING)
+        base.SchedulerJob(running, running_token, "protein-lab", base.JobState.RUNNING)
     ]
     assert api.requests[-1][1] == "/apis/batch/v1/namespaces/protein-lab/jobs"
     backend.cancel(running)  # a Job being deleted has ended (CANCELLED): not listed
@@ -149,11 +152,11 @@ def test_delete_finished_deletes_old_ended_jobs_and_keeps_the_others(api, backen
     wait_for_states(
         backend,
         {
-            old_done: {base.COMPLETED},
-            old_failed: {base.FAILED},
-            recent_done: {base.COMPLETED},
-            running: {base.RUNNING},
-            elsewhere: {base.COMPLETED},
+            old_done: {base.JobState.COMPLETED},
+            old_failed: {base.JobState.FAILED},
+            recent_done: {base.JobState.COMPLETED},
+            running: {base.JobState.RUNNING},
+            elsewhere: {base.JobState.COMPLETED},
         },
     )
     for backend_id in (old_done, old_failed, elsewhere):
@@ -196,7 +199,7 @@ def test_delete_finished_deletes_old_ended_jobs_and_keeps_the_others(api, backen
 def test_delete_finished_keeps_a_job_replaced_since_it_was_listed(api, backend):
     """The DELETE carries the listed Job's uid: a Job of the same name made since is not touched."""
     backend_id, _ = submit(backend, "true")
-    wait_for_states(backend, {backend_id: {base.COMPLETED}})
+    wait_for_states(backend, {backend_id: {base.JobState.COMPLETED}})
     namespace, name = backend_id.split("/")
     path = f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}"
     body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": "not-this-one"}}

@@ -12,14 +12,12 @@ from pathlib import Path
 import pytest
 
 from clusters.backends.base import (
-    COMPLETED,
     END_STATES,
-    PENDING,
-    RUNNING,
     BackendError,
     ClusterConfig,
     JobRef,
     JobSpec,
+    JobState,
     PurgeReport,
     SchedulerJob,
 )
@@ -157,11 +155,11 @@ def test_list_jobs_gives_running_and_waiting_jobs_of_the_accounts(backend, tmp_p
     )
     other = backend.submit(job_spec("other", "sleep 60\n", account="team-b"))
     waiting = backend.submit(job_spec("waiting", "sleep 60\n"))  # both GPUs are taken
-    wait_for_state(backend, running, {RUNNING})
+    wait_for_state(backend, running, {JobState.RUNNING})
 
     assert sorted(backend.list_jobs(["team-a"]), key=lambda job: job.backend_id) == [
-        SchedulerJob(running, "running", "team-a", RUNNING),
-        SchedulerJob(waiting, "waiting", "team-a", PENDING),
+        SchedulerJob(running, "running", "team-a", JobState.RUNNING),
+        SchedulerJob(waiting, "waiting", "team-a", JobState.PENDING),
     ]
     assert {job.backend_id for job in backend.list_jobs(["team-a", "team-b"])} == {running, other, waiting}
     assert backend.list_jobs([]) == []
@@ -236,13 +234,13 @@ def test_delete_finished_prunes_the_files_of_jobs_ended_long_enough_ago(backend,
     state = tmp_path / "state"
     old = backend.submit(job_spec("old", "echo bye\n"))
     other = backend.submit(job_spec("other", "true\n", account="team-b"))
-    wait_for_state(backend, old, {COMPLETED})
-    wait_for_state(backend, other, {COMPLETED})
+    wait_for_state(backend, old, {JobState.COMPLETED})
+    wait_for_state(backend, other, {JobState.COMPLETED})
     time.sleep(2.5)
     recent = backend.submit(job_spec("recent", "true\n"))
     running = backend.submit(job_spec("running", "sleep 60\n"))
-    wait_for_state(backend, recent, {COMPLETED})
-    wait_for_state(backend, running, {RUNNING})
+    wait_for_state(backend, recent, {JobState.COMPLETED})
+    wait_for_state(backend, running, {JobState.RUNNING})
 
     assert backend.delete_finished(["team-a"], older_than_s=2, dry_run=True) == [old]
     assert (state / "jobs" / "old").is_dir() and backend.find("old") == old
@@ -253,7 +251,7 @@ def test_delete_finished_prunes_the_files_of_jobs_ended_long_enough_ago(backend,
     assert not [path for path in (state / "jobs").iterdir() if path.name.startswith(".")]
     for token, backend_id in (("recent", recent), ("running", running), ("other", other)):
         assert backend.find(token) == backend_id
-    assert backend.poll([recent])[recent].state == COMPLETED
+    assert backend.poll([recent])[recent].state == JobState.COMPLETED
 
     assert backend.delete_finished(["team-a"], older_than_s=2, dry_run=False) == []
     assert backend.delete_finished(["team-b"], older_than_s=0, dry_run=False) == [other]

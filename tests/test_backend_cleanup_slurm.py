@@ -93,7 +93,7 @@ def test_list_jobs_finds_a_submitted_job_with_its_token(account):
         listed = {job.backend_id: job for job in backend.list_jobs([account, "no-such-account"])}
         assert listed[job_id].token == token and listed[job_id].account == account
         assert listed[job_id].user == ident()
-        assert listed[job_id].state in (base.PENDING, base.RUNNING)
+        assert listed[job_id].state in (base.JobState.PENDING, base.JobState.RUNNING)
         (command,) = backend.commands[before:]  # one squeue, whatever the count
         assert command[0] == "squeue" and "-A" in command
 

@@ -175,7 +175,7 @@ def test_apply_tenant_with_kueue(api):
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "portal"
     assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "portal-normal"
     status = backend.poll([backend_id])[backend_id]  # no Kueue here to admit it
-    assert (status.state, status.raw_state) == (base.PENDING, "Suspended")
+    assert (status.state, status.raw_state) == (base.JobState.PENDING, "Suspended")
 
 
 def test_a_namespace_the_portal_does_not_own_is_left_alone(api, backend):
@@ -192,7 +192,7 @@ def test_submit_poll_completed_with_log(api, backend):
     backend_id = backend.submit(spec)
     assert backend_id == f"protein-lab/pj-{spec.token}"
     status = wait_for(backend, backend_id, ended)
-    assert (status.state, status.raw_state, status.exit_code) == (base.COMPLETED, "Complete", 0)
+    assert (status.state, status.raw_state, status.exit_code) == (base.JobState.COMPLETED, "Complete", 0)
     assert status.started_at is not None and status.finished_at is not None
     ref = JobRef(backend_id=backend_id, token=spec.token, account="protein-lab")
     tail = backend.log_tail(ref, lines=3, max_bytes=10_000)
@@ -214,7 +214,7 @@ def test_the_script_and_env_reach_the_shell_as_written(api, backend):
     )
     spec = make_spec(script, env=env)
     backend_id = backend.submit(spec)
-    assert wait_for(backend, backend_id, ended).state == base.COMPLETED
+    assert wait_for(backend, backend_id, ended).state == base.JobState.COMPLETED
     ref = JobRef(backend_id=backend_id, token=spec.token, account="protein-lab")
     lines = backend.log_tail(ref, lines=20, max_bytes=10_000).lines
     assert lines == ["[a; echo injected]", "[$(echo injected)]", "[`echo injected`]", "[x", "y]", "pid-ok"]
@@ -224,21 +224,28 @@ def test_failing_script_is_failed_with_its_exit_code(api, backend):
     backend.apply_tenant(limits())
     backend_id = backend.submit(make_spec("echo about to fail\nexit 3"))
     status = wait_for(backend, backend_id, ended)
-    assert (status.state, status.raw_state, status.exit_code) == (base.FAILED, "BackoffLimitExceeded", 3)
+    assert (status.state, status.raw_state, status.exit_code) == (
+        base.JobState.FAILED,
+        "BackoffLimitExceeded",
+        3,
+    )
 
 
 def test_cancel_deletes_foreground_and_reports_cancelled(api, backend):
     backend.apply_tenant(limits())
     spec = make_spec("trap 'sleep 1; exit 143' TERM\nsleep 300 &\nwait")
     backend_id = backend.submit(spec)
-    assert wait_for(backend, backend_id, lambda s: s.state == base.RUNNING).node_list in ("gpu-1", "gpu-2")
+    assert wait_for(backend, backend_id, lambda s: s.state == base.JobState.RUNNING).node_list in (
+        "gpu-1",
+        "gpu-2",
+    )
     before = len(api.requests)
     backend.cancel(backend_id)
     (delete,) = writes(api.requests[before:])
     assert delete[0] == "DELETE" and delete[1].endswith(f"/namespaces/protein-lab/jobs/pj-{spec.token}")
     assert delete[2]["propagationPolicy"] == "Foreground"
     status = backend.poll([backend_id])[backend_id]  # its pod is still stopping
-    assert (status.state, status.raw_state) == (base.CANCELLED, "Deleting")
+    assert (status.state, status.raw_state) == (base.JobState.CANCELLED, "Deleting")
     deadline = time.monotonic() + DEADLINE_S
     while backend.poll([backend_id]) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -258,7 +265,7 @@ def test_walltime_is_timeout(api, backend):
     current["spec"]["activeDeadlineSeconds"] = 1
     backend.api.request("update", "PUT", job_path, body=current)
     status = wait_for(backend, backend_id, ended)
-    assert (status.state, status.raw_state) == (base.TIMEOUT, "DeadlineExceeded")
+    assert (status.state, status.raw_state) == (base.JobState.TIMEOUT, "DeadlineExceeded")
 
 
 def test_a_retried_submit_adopts_the_job(api, backend):
@@ -283,7 +290,7 @@ def test_multinode_job_is_indexed_with_a_rendezvous_service(api, backend):
     assert service["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
     assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 2
     status = wait_for(backend, backend_id, ended)
-    assert status.state == base.COMPLETED
+    assert status.state == base.JobState.COMPLETED
     tail = backend.log_tail(JobRef(backend_id, spec.token, "protein-lab"), lines=5, max_bytes=1000)
     name = f"pj-{spec.token}"
     assert tail.lines == [f"rank=0 host={name}-0.{name}.protein-lab.svc"]
@@ -297,7 +304,7 @@ def test_quota_exceeded_is_pending_with_the_reason(api, backend):
     backend.apply_tenant(limits(gpus=4))
     backend_id = backend.submit(make_spec("echo hi", gpus_per_node=8))
     status = wait_for(backend, backend_id, lambda s: s.reason == "ExceededQuota")
-    assert (status.state, status.raw_state) == (base.PENDING, "FailedCreate")
+    assert (status.state, status.raw_state) == (base.JobState.PENDING, "FailedCreate")
 
 
 def test_poll_is_a_constant_number_of_calls(api, backend):
@@ -307,7 +314,7 @@ def test_poll_is_a_constant_number_of_calls(api, backend):
         backend.submit(make_spec("sleep 20", account="protein-lab" if i % 2 else "other-team"))
         for i in range(50)
     ]
-    wait_for(backend, ids[0], lambda s: s.state == base.RUNNING)
+    wait_for(backend, ids[0], lambda s: s.state == base.JobState.RUNNING)
 
     def calls(backend_ids: list[str]) -> list:
         before = len(api.requests)
@@ -334,7 +341,7 @@ def test_log_tail_is_bounded_in_bytes(api, backend):
         'for i in $(seq 100 199); do printf "%s %s\\n" "$i" "$(printf "x%.0s" $(seq 1 46))"; done'
     )
     backend_id = backend.submit(spec)
-    assert wait_for(backend, backend_id, ended).state == base.COMPLETED
+    assert wait_for(backend, backend_id, ended).state == base.JobState.COMPLETED
     ref = JobRef(backend_id, spec.token, "protein-lab")
     tail = backend.log_tail(ref, lines=10, max_bytes=10_000)
     assert [line[:3] for line in tail.lines] == [str(i) for i in range(190, 200)] and tail.truncated
@@ -350,7 +357,7 @@ def test_log_tail_is_bounded_in_bytes(api, backend):
 def test_inventory_by_gpu_product(api, backend):
     backend.apply_tenant(limits())
     backend_id = backend.submit(make_spec("sleep 20", gpus_per_node=4))
-    wait_for(backend, backend_id, lambda s: s.state == base.RUNNING)
+    wait_for(backend, backend_id, lambda s: s.state == base.JobState.RUNNING)
     partitions = {p.name: p for p in backend.inventory()}
     assert set(partitions) == {H100, A100}
     assert (partitions[H100].nodes, partitions[H100].gpus_per_node, partitions[H100].gpus_free) == (2, 8, 12)
@@ -410,8 +417,8 @@ def test_the_cluster_role_covers_every_call(api):
         job = backend.api.request("read", "GET", job_path)[1]
         backend.api.request("admit", "PUT", job_path, body=job | {"spec": job["spec"] | {"suspend": False}})
     del api.requests[test_made:]
-    wait_for(backend, backend_id, lambda s: s.state == base.RUNNING)
-    assert wait_for(backend, over_quota, lambda s: s.reason == "ExceededQuota").state == base.PENDING
+    wait_for(backend, backend_id, lambda s: s.state == base.JobState.RUNNING)
+    assert wait_for(backend, over_quota, lambda s: s.reason == "ExceededQuota").state == base.JobState.PENDING
     backend.poll([backend_id, over_quota, f"other-team/pj-{uuid.uuid4().hex}"])
     assert backend.log_tail(JobRef(backend_id, spec.token, "protein-lab"), lines=5, max_bytes=100).lines == []
     backend.inventory()

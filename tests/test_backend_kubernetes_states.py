@@ -62,7 +62,7 @@ def test_complete():
         {"conditions": [condition("Complete")], "startTime": T0, "completionTime": T2, "succeeded": 1}
     )
     status = job_status(job, [pod("Succeeded", terminated={"exitCode": 0, "reason": "Completed"})])
-    assert (status.state, status.raw_state, status.exit_code) == (base.COMPLETED, "Complete", 0)
+    assert (status.state, status.raw_state, status.exit_code) == (base.JobState.COMPLETED, "Complete", 0)
     assert status.backend_id == f"protein-lab/pj-{TOKEN}"
     assert status.started_at == datetime(2025, 1, 1, 10, 5, tzinfo=UTC)
     assert status.finished_at == datetime(2025, 1, 1, 11, 0, tzinfo=UTC)
@@ -74,7 +74,7 @@ def test_failed_with_exit_code():
     job = k8s_job({"conditions": [condition("Failed", "BackoffLimitExceeded")], "failed": 1})
     status = job_status(job, [pod("Failed", terminated={"exitCode": 3, "reason": "Error"})])
     assert (status.state, status.raw_state, status.reason, status.exit_code) == (
-        base.FAILED,
+        base.JobState.FAILED,
         "BackoffLimitExceeded",
         "Error",
         3,
@@ -86,7 +86,7 @@ def test_deadline_exceeded_is_timeout():
     job = k8s_job({"conditions": [condition("Failed", "DeadlineExceeded")], "startTime": T0})
     status = job_status(job, [pod("Failed", terminated={"exitCode": 137, "reason": "Error"})])
     assert (status.state, status.raw_state, status.reason) == (
-        base.TIMEOUT,
+        base.JobState.TIMEOUT,
         "DeadlineExceeded",
         "DeadlineExceeded",
     )
@@ -95,7 +95,7 @@ def test_deadline_exceeded_is_timeout():
 def test_oom_killed_is_out_of_memory():
     job = k8s_job({"conditions": [condition("Failed", "BackoffLimitExceeded")]})
     status = job_status(job, [pod("Failed", terminated={"exitCode": 137, "reason": "OOMKilled"})])
-    assert (status.state, status.reason, status.exit_code) == (base.OUT_OF_MEMORY, "OOMKilled", 137)
+    assert (status.state, status.reason, status.exit_code) == (base.JobState.OUT_OF_MEMORY, "OOMKilled", 137)
     assert status.raw_state == "BackoffLimitExceeded"
 
 
@@ -111,7 +111,7 @@ def test_oom_killed_is_out_of_memory():
 def test_preemption(failed_pod):
     job = k8s_job({"conditions": [condition("Failed", "BackoffLimitExceeded")]})
     status = job_status(job, [failed_pod])
-    assert status.state == base.PREEMPTED
+    assert status.state == base.JobState.PREEMPTED
     assert status.reason in ("PreemptionByScheduler", "EvictionByEvictionAPI", "Evicted")
 
 
@@ -126,7 +126,7 @@ def test_preemption(failed_pod):
 )
 def test_node_failure(failed_pod):
     job = k8s_job({"conditions": [condition("Failed", "BackoffLimitExceeded")]})
-    assert job_status(job, [failed_pod]).state == base.NODE_FAIL
+    assert job_status(job, [failed_pod]).state == base.JobState.NODE_FAIL
 
 
 def test_worst_pod_decides_for_several():
@@ -136,7 +136,7 @@ def test_worst_pod_decides_for_several():
         pod("Failed", reason="NodeLost", node="gpu-2"),
     ]
     status = job_status(job, pods)
-    assert status.state == base.NODE_FAIL and status.node_list == "gpu-1,gpu-2"
+    assert status.state == base.JobState.NODE_FAIL and status.node_list == "gpu-1,gpu-2"
 
 
 def test_no_pods_because_of_quota_is_pending():
@@ -151,15 +151,22 @@ def test_no_pods_because_of_quota_is_pending():
     }
     assert needs_events(job, [])
     status = job_status(job, [], [event])
-    assert (status.state, status.reason, status.raw_state) == (base.PENDING, "ExceededQuota", "FailedCreate")
+    assert (status.state, status.reason, status.raw_state) == (
+        base.JobState.PENDING,
+        "ExceededQuota",
+        "FailedCreate",
+    )
     other = dict(event, message="Error creating: pods is forbidden: violates PodSecurity")
     assert job_status(job, [], [other]).reason.startswith("Error creating")
-    assert job_status(job, [], []).state == base.PENDING
+    assert job_status(job, [], []).state == base.JobState.PENDING
 
 
 def test_running_pending_suspended_and_deleted():
     running = job_status(k8s_job({"active": 1, "startTime": T0}), [pod("Running")])
-    assert (running.state, running.started_at) == (base.RUNNING, datetime(2025, 1, 1, 10, 5, tzinfo=UTC))
+    assert (running.state, running.started_at) == (
+        base.JobState.RUNNING,
+        datetime(2025, 1, 1, 10, 5, tzinfo=UTC),
+    )
     unschedulable = pod(
         "Pending", conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
     )
@@ -169,11 +176,11 @@ def test_running_pending_suspended_and_deleted():
         == "ImagePullBackOff"
     )
     suspended = job_status(k8s_job(spec={"suspend": True}))
-    assert (suspended.state, suspended.raw_state) == (base.PENDING, "Suspended")
+    assert (suspended.state, suspended.raw_state) == (base.JobState.PENDING, "Suspended")
     deleted = job_status(k8s_job({"active": 1}, metadata={"deletionTimestamp": T2}), [pod("Running")])
-    assert (deleted.state, deleted.raw_state) == (base.CANCELLED, "Deleting")
+    assert (deleted.state, deleted.raw_state) == (base.JobState.CANCELLED, "Deleting")
     done_then_deleted = k8s_job({"conditions": [condition("Complete")]}, metadata={"deletionTimestamp": T2})
-    assert job_status(done_then_deleted).state == base.COMPLETED
+    assert job_status(done_then_deleted).state == base.JobState.COMPLETED
 
 
 # ---------------------------------------------------------- plumbing (pure) --

@@ -11,19 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from clusters.backends.base import (
-    CANCELLED,
-    COMPLETED,
-    FAILED,
-    PENDING,
-    RUNNING,
-    TIMEOUT,
-    BackendError,
-    ClusterConfig,
-    JobRef,
-    JobSpec,
-    TenantLimits,
-)
+from clusters.backends.base import BackendError, ClusterConfig, JobRef, JobSpec, JobState, TenantLimits
 from clusters.backends.local import LocalBackend
 from clusters.backends.local.backend import detect_gpus, parse_nvidia_smi_list
 
@@ -162,9 +150,9 @@ def test_a_job_runs_on_its_own_gpus_and_completes(tmp_path):
     spec = job_spec("tok-1", 'echo "gpus=$CUDA_VISIBLE_DEVICES"\necho "cwd=$PWD"\n', gpus=2)
 
     backend_id = backend.submit(spec)
-    status = wait_for_state(backend, backend_id, {COMPLETED, FAILED})
+    status = wait_for_state(backend, backend_id, {JobState.COMPLETED, JobState.FAILED})
 
-    assert status.state == COMPLETED
+    assert status.state == JobState.COMPLETED
     assert status.exit_code == 0
     assert status.started_at.tzinfo is not None and status.finished_at.tzinfo is not None
     assert status.started_at <= status.finished_at
@@ -187,13 +175,13 @@ def test_two_jobs_never_share_a_gpu_and_a_third_waits_for_one(tmp_path):
         waiting = backend.poll([third])[third]
 
         assert gpus_a.isdisjoint(gpus_b) and gpus_a | gpus_b == {"0", "1", "2", "3"}
-        assert (waiting.state, waiting.reason) == (PENDING, "Resources")
+        assert (waiting.state, waiting.reason) == (JobState.PENDING, "Resources")
         assert backend.inventory()[0].gpus_free == 0
 
         backend.cancel(first)
 
         assert wait_for_gpus(backend, third, "c") == gpus_a
-        assert backend.poll([third])[third].state == RUNNING
+        assert backend.poll([third])[third].state == JobState.RUNNING
     finally:
         for backend_id in (first, second, third):
             backend.cancel(backend_id)
@@ -208,11 +196,17 @@ def test_waiting_jobs_start_in_submission_order(tmp_path):
         statuses = backend.poll([big, pair, single])
 
         # One GPU is free, but the single-GPU job does not overtake the pair submitted before it.
-        assert [statuses[i].state for i in (big, pair, single)] == [RUNNING, PENDING, PENDING]
+        assert [statuses[i].state for i in (big, pair, single)] == [
+            JobState.RUNNING,
+            JobState.PENDING,
+            JobState.PENDING,
+        ]
 
         backend.cancel(big)
 
-        assert wait_for_state(backend, pair, {RUNNING}) and wait_for_state(backend, single, {RUNNING})
+        assert wait_for_state(backend, pair, {JobState.RUNNING}) and wait_for_state(
+            backend, single, {JobState.RUNNING}
+        )
     finally:
         for backend_id in (big, pair, single):
             backend.cancel(backend_id)
@@ -235,12 +229,19 @@ def test_concurrent_submits_from_threads_never_share_a_gpu(tmp_path):
     try:
         assert len(ids) == 4 and len(set(ids.values())) == 4
         statuses = backends[0].poll(list(ids.values()))
-        running = [token for token, backend_id in ids.items() if statuses[backend_id].state == RUNNING]
+        running = [
+            token for token, backend_id in ids.items() if statuses[backend_id].state == JobState.RUNNING
+        ]
         gpu_sets = [wait_for_gpus(backends[0], ids[token], token) for token in running]
 
         assert len(running) == 2
         assert gpu_sets[0].isdisjoint(gpu_sets[1])
-        assert sorted(s.state for s in statuses.values()) == [PENDING, PENDING, RUNNING, RUNNING]
+        assert sorted(s.state for s in statuses.values()) == [
+            JobState.PENDING,
+            JobState.PENDING,
+            JobState.RUNNING,
+            JobState.RUNNING,
+        ]
     finally:
         for backend_id in ids.values():
             backends[0].cancel(backend_id)
@@ -276,7 +277,9 @@ def test_concurrent_submits_from_processes_never_share_a_gpu(tmp_path):
     backend = make_backend(tmp_path)
     try:
         statuses = backend.poll(list(ids.values()))
-        running = [token for token, backend_id in ids.items() if statuses[backend_id].state == RUNNING]
+        running = [
+            token for token, backend_id in ids.items() if statuses[backend_id].state == JobState.RUNNING
+        ]
         gpus = [wait_for_gpus(backend, ids[token], token) for token in running]
 
         assert len(ids) == 6 and len(set(ids.values())) == 6
@@ -291,9 +294,9 @@ def test_a_failing_script_reports_its_exit_code(tmp_path):
     backend = make_backend(tmp_path)
     backend_id = backend.submit(job_spec("fails", "echo oops\nexit 3\n"))
 
-    status = wait_for_state(backend, backend_id, {COMPLETED, FAILED})
+    status = wait_for_state(backend, backend_id, {JobState.COMPLETED, JobState.FAILED})
 
-    assert (status.state, status.exit_code, status.reason) == (FAILED, 3, "exit code 3")
+    assert (status.state, status.exit_code, status.reason) == (JobState.FAILED, 3, "exit code 3")
     assert status.finished_at is not None
 
 
@@ -308,11 +311,11 @@ def test_cancel_ends_the_whole_process_group(tmp_path):
     backend.cancel(backend_id)
 
     assert time.monotonic() - started < 2  # sleep obeys SIGTERM: no wait for the grace period
-    assert backend.poll([backend_id])[backend_id].state == CANCELLED
+    assert backend.poll([backend_id])[backend_id].state == JobState.CANCELLED
     wait_until_gone(pgid, include_zombies=True)  # the wrapper reaped its job, we reaped the wrapper
     backend.cancel(backend_id)  # a finished job: nothing to do, no error
     backend.cancel("local-999")
-    assert backend.poll([backend_id])[backend_id].state == CANCELLED
+    assert backend.poll([backend_id])[backend_id].state == JobState.CANCELLED
 
 
 def test_cancel_of_a_waiting_job_removes_it_from_the_queue(tmp_path):
@@ -324,8 +327,8 @@ def test_cancel_of_a_waiting_job_removes_it_from_the_queue(tmp_path):
         backend.cancel(running)
 
         statuses = backend.poll([running, waiting])
-        assert statuses[waiting].state == CANCELLED and statuses[waiting].started_at is None
-        assert statuses[running].state == CANCELLED
+        assert statuses[waiting].state == JobState.CANCELLED and statuses[waiting].started_at is None
+        assert statuses[running].state == JobState.CANCELLED
         assert not (tmp_path / "jobs" / "waiter" / "waiter.out").exists()
     finally:
         backend.cancel(running)
@@ -339,9 +342,11 @@ def test_walltime_kills_the_job_as_timeout_even_if_it_ignores_sigterm(tmp_path):
     wait_for_gpus(backend, backend_id, "slow")
     pgid = pgid_of(tmp_path, "slow")
 
-    status = wait_for_state(backend, backend_id, {TIMEOUT, COMPLETED, FAILED}, timeout_s=15)
+    status = wait_for_state(
+        backend, backend_id, {JobState.TIMEOUT, JobState.COMPLETED, JobState.FAILED}, timeout_s=15
+    )
 
-    assert status.state == TIMEOUT
+    assert status.state == JobState.TIMEOUT
     assert 1 <= (status.finished_at - status.started_at).total_seconds() < 10
     # SIGKILL takes the wrapper with its job, so the job's own processes may stay as zombies of
     # this machine's init, which reaps nothing here; none may still run.
@@ -359,11 +364,11 @@ def test_a_new_instance_polls_and_cancels_a_job_another_process_started(tmp_path
     backend = make_backend(tmp_path)  # as after a worker restart
 
     wait_for_gpus(backend, backend_id, "orphan")
-    assert backend.poll([backend_id])[backend_id].state == RUNNING
+    assert backend.poll([backend_id])[backend_id].state == JobState.RUNNING
 
     backend.cancel(backend_id)
 
-    assert backend.poll([backend_id])[backend_id].state == CANCELLED
+    assert backend.poll([backend_id])[backend_id].state == JobState.CANCELLED
     # The wrapper's parent is gone, so only init can reap it (a zombie here); nothing runs on.
     wait_until_gone(pgid_of(tmp_path, "orphan"), include_zombies=False)
 
@@ -380,9 +385,9 @@ def test_the_exit_code_is_recorded_after_the_starting_worker_is_killed(tmp_path)
     child.wait(timeout=10)
     backend = make_backend(tmp_path)
 
-    status = wait_for_state(backend, backend_id, {COMPLETED, FAILED})
+    status = wait_for_state(backend, backend_id, {JobState.COMPLETED, JobState.FAILED})
 
-    assert (status.state, status.exit_code) == (FAILED, 7)
+    assert (status.state, status.exit_code) == (JobState.FAILED, 7)
 
 
 def test_env_values_and_job_name_are_data_not_shell(tmp_path):
@@ -399,9 +404,9 @@ def test_env_values_and_job_name_are_data_not_shell(tmp_path):
     backend = make_backend(tmp_path)
     spec = job_spec("inert", "env -0 > env.dump\n", env=tricks, name=name)
 
-    status = wait_for_state(backend, backend.submit(spec), {COMPLETED, FAILED})
+    status = wait_for_state(backend, backend.submit(spec), {JobState.COMPLETED, JobState.FAILED})
 
-    assert status.state == COMPLETED
+    assert status.state == JobState.COMPLETED
     dump = (tmp_path / "jobs" / "inert" / "env.dump").read_bytes().decode()
     env = dict(item.split("=", 1) for item in dump.split("\0") if item)
     assert {key: env[key] for key in tricks} == tricks
@@ -435,7 +440,7 @@ def test_submit_refuses_what_the_local_cluster_cannot_run(tmp_path, fields, mess
 def test_log_tail_respects_lines_and_bytes(tmp_path):
     backend = make_backend(tmp_path)
     backend_id = backend.submit(job_spec("chatty", 'for i in $(seq 1 100); do echo "line-$i"; done\n'))
-    wait_for_state(backend, backend_id, {COMPLETED})
+    wait_for_state(backend, backend_id, {JobState.COMPLETED})
     ref = JobRef(backend_id, "chatty", "team-a")
 
     last5 = backend.log_tail(ref, lines=5, max_bytes=10_000)

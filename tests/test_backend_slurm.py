@@ -198,11 +198,11 @@ def test_typed_gpu_job_is_found_polled_to_completion_and_logged(backend, jobs):
         status = status_of(backend, job_id)
         assert status is not None
         seen.append(status.state)
-        assert status.state in (base.PENDING, base.RUNNING, base.COMPLETED), status
-        return status if status.state == base.COMPLETED else None
+        assert status.state in (base.JobState.PENDING, base.JobState.RUNNING, base.JobState.COMPLETED), status
+        return status if status.state == base.JobState.COMPLETED else None
 
     status = wait_until(f"job {job_id} to complete", completed)
-    assert seen[0] in (base.PENDING, base.RUNNING), seen
+    assert seen[0] in (base.JobState.PENDING, base.JobState.RUNNING), seen
     assert status.raw_state == "COMPLETED" and status.exit_code == 0
     assert status.node_list
     now = datetime.now(UTC)
@@ -255,7 +255,7 @@ def test_failing_script_ends_failed_with_its_exit_code(backend, jobs):
     job_id = backend.submit(spec)
     jobs.append((job_id, spec))
     status = wait_for_end(backend, job_id)
-    assert (status.state, status.raw_state, status.exit_code) == (base.FAILED, "FAILED", 3)
+    assert (status.state, status.raw_state, status.exit_code) == (base.JobState.FAILED, "FAILED", 3)
     assert status.finished_at is not None
 
 
@@ -263,11 +263,11 @@ def test_cancelled_job_ends_cancelled_and_cancel_again_is_harmless(backend, jobs
     spec = job_spec("sleep 120")
     job_id = backend.submit(spec)
     jobs.append((job_id, spec))
-    wait_until(f"job {job_id} to run", lambda: status_of(backend, job_id).state == base.RUNNING)
+    wait_until(f"job {job_id} to run", lambda: status_of(backend, job_id).state == base.JobState.RUNNING)
     backend.cancel(job_id, user=spec.user)
     assert backend.commands[-1][:6] == ["sudo", "-n", "-u", spec.user, "--", "scancel"]
     status = wait_for_end(backend, job_id, timeout=30)
-    assert status.state == base.CANCELLED and status.raw_state.startswith("CANCELLED"), status
+    assert status.state == base.JobState.CANCELLED and status.raw_state.startswith("CANCELLED"), status
     backend.cancel(job_id, user=spec.user)  # already finished: not an error
 
 
@@ -277,7 +277,7 @@ def test_job_past_its_walltime_ends_timeout(backend, jobs):
     jobs.append((job_id, spec))
     assert scontrol_job(job_id)["TimeLimit"] == "00:01:00"
     status = wait_for_end(backend, job_id, timeout=170)
-    assert (status.state, status.raw_state) == (base.TIMEOUT, "TIMEOUT"), status
+    assert (status.state, status.raw_state) == (base.JobState.TIMEOUT, "TIMEOUT"), status
     assert status.finished_at - status.started_at < timedelta(seconds=150)
 
 
@@ -308,7 +308,7 @@ def test_poll_of_200_jobs_runs_one_squeue_and_one_sacct(backend):
         assert sum("squeue" in argv for argv in polled) == 1
         assert sum("sacct" in argv for argv in polled) == 1
         assert set(statuses) == set(ids)
-        assert {(s.state, s.reason) for s in statuses.values()} == {(base.PENDING, "JobHeldUser")}
+        assert {(s.state, s.reason) for s in statuses.values()} == {(base.JobState.PENDING, "JobHeldUser")}
     finally:
         if ids:
             backend.run(["scancel", *ids])
@@ -330,7 +330,7 @@ def test_tenant_gpu_limit_holds_the_second_job(backend, portal_tiers):
             "sleep 60", account=account, user=user, qos="portal-normal", partition="a100", gpu_type="a100"
         )
         first = backend.submit(replace(spec, gpus_per_node=2))  # usable at once: no retry
-        wait_until(f"job {first} to run", lambda: status_of(backend, first).state == base.RUNNING)
+        wait_until(f"job {first} to run", lambda: status_of(backend, first).state == base.JobState.RUNNING)
         second = backend.submit(replace(spec, token=uuid.uuid4().hex, gpus_per_node=2))
 
         def held_by_limit():
@@ -338,8 +338,8 @@ def test_tenant_gpu_limit_holds_the_second_job(backend, portal_tiers):
             return status if status.reason.startswith("AssocGrp") else None
 
         status = wait_until(f"job {second} to wait on the account's limit", held_by_limit, timeout=30)
-        assert (status.state, status.reason) == (base.PENDING, "AssocGrpGRES"), status
-        assert status_of(backend, first).state == base.RUNNING
+        assert (status.state, status.reason) == (base.JobState.PENDING, "AssocGrpGRES"), status
+        assert status_of(backend, first).state == base.JobState.RUNNING
     finally:
         delete_account(backend, account)
         remove_local(backend.job_dir(account, user))
@@ -405,7 +405,7 @@ def test_injection_in_names_and_environment_is_refused_or_inert(backend, jobs):
     spec = job_spec(script, name=f"x; touch {marker}; $(touch {marker}) `touch {marker}` '\"", env=env)
     job_id = backend.submit(spec)
     jobs.append((job_id, spec))
-    assert wait_for_end(backend, job_id).state == base.COMPLETED
+    assert wait_for_end(backend, job_id).state == base.JobState.COMPLETED
 
     assert backend.check(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%j"]).rstrip("\n") == spec.name
     tail = backend.log_tail(JobRef(job_id, spec.token, spec.account, spec.user), lines=50, max_bytes=65536)
@@ -440,7 +440,7 @@ def test_log_tail_reads_a_bounded_tail(backend, jobs):
     spec = job_spec('for i in $(seq 1 200); do echo "line $i"; done')
     job_id = backend.submit(spec)
     jobs.append((job_id, spec))
-    assert wait_for_end(backend, job_id).state == base.COMPLETED
+    assert wait_for_end(backend, job_id).state == base.JobState.COMPLETED
     ref = JobRef(job_id, spec.token, spec.account, spec.user)
 
     whole = backend.log_tail(ref, lines=1000, max_bytes=1_000_000)

@@ -13,7 +13,7 @@ import time
 import pytest
 from django.test import Client, override_settings
 
-from clusters.backends.base import COMPLETED, END_STATES, BackendError, ClusterConfig, JobRef, JobSpec
+from clusters.backends.base import END_STATES, BackendError, ClusterConfig, JobRef, JobSpec, JobState
 from clusters.backends.local import LocalBackend
 from clusters.models import Cluster
 
@@ -37,7 +37,7 @@ def run_to_end(backend: LocalBackend, token: str, account: str) -> str:
     while (status := backend.poll([backend_id]).get(backend_id)) is None or status.state not in END_STATES:
         assert time.monotonic() < deadline, status
         time.sleep(0.05)
-    assert status.state == COMPLETED
+    assert status.state == JobState.COMPLETED
     return backend_id
 
 

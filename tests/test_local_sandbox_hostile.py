@@ -26,7 +26,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from clusters.backends.base import COMPLETED, END_STATES, JobRef, JobSpec
+from clusters.backends.base import END_STATES, JobRef, JobSpec, JobState
 from clusters.backends.local import LocalBackend
 from clusters.models import Cluster
 from clusters.services import cluster_config
@@ -153,7 +153,7 @@ def test_a_hostile_job_reaches_nothing_of_the_portal_nor_of_another_tenant(backe
 
         # It ran, to its end, and its records are the portal's: the state and exit code are right.
         assert "HOSTILE-START" in log and "HOSTILE-END" in log, log
-        assert (status.state, status.exit_code) == (COMPLETED, 0)
+        assert (status.state, status.exit_code) == (JobState.COMPLETED, 0)
         # Nothing of the portal's reached its log.
         for secret in (key, settings.SECRET_KEY, canary, b_secret, os.environ.get("DATABASE_URL", "")):
             assert secret and secret not in log
@@ -187,7 +187,7 @@ def test_as_root_each_tenant_runs_as_a_uid_of_its_own(backend):
     for token, account in (("a-1", A), ("a-2", A), ("b-1", B)):
         ids[token] = backend.submit(spec(token, account, "id -u\nid -G\ntouch made-here\n"))
     for backend_id in ids.values():
-        assert wait_end(backend, backend_id).state == COMPLETED
+        assert wait_end(backend, backend_id).state == JobState.COMPLETED
     jobs = Path(backend.config.state_dir) / "jobs"
     owners = {token: (jobs / token / "made-here").stat().st_uid for token in ids}
     printed = {token: log_of(backend, ids[token], token, A).splitlines() for token in ids}
@@ -266,7 +266,7 @@ def test_a_site_path_shown_read_only_never_shows_the_portals_state_or_other_tena
         status = wait_end(backend, backend_id)
         log = log_of(backend, backend_id, "reader", A)
 
-        assert status.state == COMPLETED and log.endswith("DONE"), log
+        assert status.state == JobState.COMPLETED and log.endswith("DONE"), log
         assert "shared data" in log and "write-failed" in log
         assert "tenant B's results" not in log
         assert "alloc.json" not in log and "\nids\n" not in log  # the state directory's entries

@@ -119,7 +119,11 @@ def test_lammps_template_runs_one_mpi_rank_on_each_of_two_nodes():
         status = wait_until(f"job {job_id} to end", ended, JOB_TIMEOUT_S)
         tail = backend.log_tail(JobRef(job_id, token, account, spec.user), lines=200, max_bytes=65536)
         output = "\n".join(tail.lines)
-        assert (status.state, status.raw_state, status.exit_code) == (base.COMPLETED, "COMPLETED", 0), (
+        assert (status.state, status.raw_state, status.exit_code) == (
+            base.JobState.COMPLETED,
+            "COMPLETED",
+            0,
+        ), (
             status,
             output,
         )

@@ -111,7 +111,9 @@ def _underscore_uses(path: Path) -> list[str]:
                 if f"{node.module}.{alias.name}" in ours:
                     modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
         elif isinstance(node, ast.Import):
-            modules |= {alias.asname: alias.name for alias in node.names if alias.asname and alias.name in ours}
+            modules |= {
+                alias.asname: alias.name for alias in node.names if alias.asname and alias.name in ours
+            }
     for node in ast.walk(tree):
         if (
             isinstance(node, ast.Attribute)

@@ -1,8 +1,8 @@
 """The one interface every scheduler backend implements (DESIGN.md, Backends).
 
 Plain dataclasses in and out: a backend imports no model of tenants or jobs, and knows a
-cluster only through ClusterConfig. States are the portal's (jobs' JobState values as plain
-strings), with the scheduler's own state and reason kept beside them.
+cluster only through ClusterConfig. States are the portal's (JobState, defined here once), with
+the scheduler's own state and reason kept beside them.
 """
 
 from __future__ import annotations
@@ -11,21 +11,35 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-# The portal's job states a backend may report (the values of jobs.models.JobState).
-PENDING = "PENDING"
-RUNNING = "RUNNING"
-CANCELLING = "CANCELLING"
-COMPLETED = "COMPLETED"
-FAILED = "FAILED"
-CANCELLED = "CANCELLED"
-TIMEOUT = "TIMEOUT"
-NODE_FAIL = "NODE_FAIL"
-OUT_OF_MEMORY = "OUT_OF_MEMORY"
-PREEMPTED = "PREEMPTED"
-REJECTED = "REJECTED"
-LOST = "LOST"
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+
+class JobState(models.TextChoices):
+    """The portal's job states: the one list (jobs.models.Job.state's choices, and what backends
+    report). jobs/states.py holds the moves allowed between them."""
+
+    QUEUED = "QUEUED", _("Queued")
+    SUBMITTING = "SUBMITTING", _("Submitting")
+    PENDING = "PENDING", _("Pending")
+    RUNNING = "RUNNING", _("Running")
+    CANCELLING = "CANCELLING", _("Cancelling")
+    COMPLETED = "COMPLETED", _("Completed")
+    FAILED = "FAILED", _("Failed")
+    CANCELLED = "CANCELLED", _("Cancelled")
+    TIMEOUT = "TIMEOUT", _("Timed out")
+    NODE_FAIL = "NODE_FAIL", _("Node failure")
+    OUT_OF_MEMORY = "OUT_OF_MEMORY", _("Out of memory")
+    PREEMPTED = "PREEMPTED", _("Preempted")
+    REJECTED = "REJECTED", _("Rejected")
+    LOST = "LOST", _("Lost")
+
+
 END_STATES = frozenset(
-    {COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, PREEMPTED, REJECTED, LOST}
+    {
+        *(JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.NODE_FAIL),
+        *(JobState.OUT_OF_MEMORY, JobState.PREEMPTED, JobState.REJECTED, JobState.LOST),
+    }
 )
 
 

@@ -34,7 +34,13 @@ NODE_FAIL_DISRUPTIONS = frozenset({"DeletionByTaintManager", "DeletionByPodGC"})
 NODE_FAIL_REASONS = frozenset({"NodeLost", "NodeAffinity", "NodeShutdown"})
 PREEMPTED_REASONS = frozenset({"Evicted", "Preempting", "PreemptionByScheduler", "PreemptionByKubeScheduler"})
 QUOTA_REASON = "ExceededQuota"
-_SEVERITY = {base.NODE_FAIL: 4, base.PREEMPTED: 3, base.TIMEOUT: 2, base.OUT_OF_MEMORY: 1, base.FAILED: 0}
+_SEVERITY = {
+    base.JobState.NODE_FAIL: 4,
+    base.JobState.PREEMPTED: 3,
+    base.JobState.TIMEOUT: 2,
+    base.JobState.OUT_OF_MEMORY: 1,
+    base.JobState.FAILED: 0,
+}
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -113,17 +119,17 @@ def pod_failure(pod: dict) -> tuple[str, str, int | None]:
             break
     if disruption is not None:
         why = disruption.get("reason") or "DisruptionTarget"
-        state = base.NODE_FAIL if why in NODE_FAIL_DISRUPTIONS else base.PREEMPTED
+        state = base.JobState.NODE_FAIL if why in NODE_FAIL_DISRUPTIONS else base.JobState.PREEMPTED
         return state, why, code
     if reason in NODE_FAIL_REASONS:
-        return base.NODE_FAIL, reason, code
+        return base.JobState.NODE_FAIL, reason, code
     if reason in PREEMPTED_REASONS:
-        return base.PREEMPTED, reason, code
+        return base.JobState.PREEMPTED, reason, code
     if reason == "DeadlineExceeded":
-        return base.TIMEOUT, reason, code
+        return base.JobState.TIMEOUT, reason, code
     if container_reason == "OOMKilled":
-        return base.OUT_OF_MEMORY, "OOMKilled", code
-    return base.FAILED, container_reason or reason, code
+        return base.JobState.OUT_OF_MEMORY, "OOMKilled", code
+    return base.JobState.FAILED, container_reason or reason, code
 
 
 def _worst_failure(pods: list[dict]) -> tuple[str, str, int | None]:
@@ -134,7 +140,7 @@ def _worst_failure(pods: list[dict]) -> tuple[str, str, int | None]:
     ]
     failures = failures or [pod_failure(pod) for pod in pods]
     if not failures:
-        return base.FAILED, "", None
+        return base.JobState.FAILED, "", None
     return max(failures, key=lambda f: (_SEVERITY[f[0]], f[2] is not None))
 
 
@@ -199,7 +205,7 @@ def job_status(job: dict, pods: list[dict] | None = None, events: list[dict] | N
 
     if complete := conditions.get("Complete"):
         return ended(
-            base.COMPLETED,
+            base.JobState.COMPLETED,
             "Complete",
             "",
             0,
@@ -209,20 +215,22 @@ def job_status(job: dict, pods: list[dict] | None = None, events: list[dict] | N
         raw = failed.get("reason") or "Failed"
         finished = failed.get("lastTransitionTime")
         if raw == "DeadlineExceeded":
-            return ended(base.TIMEOUT, raw, raw, None, finished)
+            return ended(base.JobState.TIMEOUT, raw, raw, None, finished)
         state, reason, code = _worst_failure(pods)
         return ended(state, raw, reason or raw, code, finished)
     if meta.get("deletionTimestamp"):
-        return ended(base.CANCELLED, "Deleting", "deleted by cancel", None, meta["deletionTimestamp"])
+        return ended(
+            base.JobState.CANCELLED, "Deleting", "deleted by cancel", None, meta["deletionTimestamp"]
+        )
     if (job.get("spec") or {}).get("suspend"):
         suspended = conditions.get("Suspended", {})
         reason = suspended.get("reason") or "Suspended"
-        return JobStatus(bid, base.PENDING, "Suspended", reason, node_list=node_list)
+        return JobStatus(bid, base.JobState.PENDING, "Suspended", reason, node_list=node_list)
     if any(_phase(p) == "Running" for p in pods) or (not pods and status.get("ready")):
-        return JobStatus(bid, base.RUNNING, "Running", "", started_at=started, node_list=node_list)
+        return JobStatus(bid, base.JobState.RUNNING, "Running", "", started_at=started, node_list=node_list)
     if not pods and (created := _create_failure(events or [])):
-        return JobStatus(bid, base.PENDING, created[0], created[1])
+        return JobStatus(bid, base.JobState.PENDING, created[0], created[1])
     if any(_phase(p) in ("Succeeded", "Failed") for p in pods):
         # some pods ended, the Job has no verdict yet (other indexes, or FailureTarget set)
-        return JobStatus(bid, base.RUNNING, "Running", "", started_at=started, node_list=node_list)
-    return JobStatus(bid, base.PENDING, "Pending", _pending_reason(pods), node_list=node_list)
+        return JobStatus(bid, base.JobState.RUNNING, "Running", "", started_at=started, node_list=node_list)
+    return JobStatus(bid, base.JobState.PENDING, "Pending", _pending_reason(pods), node_list=node_list)

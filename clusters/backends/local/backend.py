@@ -50,8 +50,8 @@ _SMI_GPU = re.compile(r"^GPU (\d+):.*\(UUID: (GPU-[0-9A-Fa-f-]+)\)$")
 _KILL_WAIT_S = 3.0
 _LOCK_TIMEOUT_S = 30.0
 _KILLED_BY = {
-    "cancelled": (base.CANCELLED, "CANCELLED", "cancelled"),
-    "timeout": (base.TIMEOUT, "TIMEOUT", "walltime reached"),
+    "cancelled": (base.JobState.CANCELLED, "CANCELLED", "cancelled"),
+    "timeout": (base.JobState.TIMEOUT, "TIMEOUT", "walltime reached"),
 }
 
 # Wrappers this process started, polled so that a long-lived worker keeps no zombies.
@@ -243,7 +243,7 @@ class LocalBackend(base.Backend):
             waiting = [job for job in state["queue"] if job["id"] == backend_id]
             if waiting:
                 state["queue"].remove(waiting[0])
-                _finish(meta, base.CANCELLED, "CANCELLED", "cancelled before it started")
+                _finish(meta, base.JobState.CANCELLED, "CANCELLED", "cancelled before it started")
                 return
             if backend_id not in state["running"]:
                 return
@@ -320,8 +320,8 @@ class LocalBackend(base.Backend):
         wanted = set(accounts)
         with self._locked() as state:
             self._settle(state)  # a job that has ended is not listed as running
-        listed = [(job, base.RUNNING) for job in state["running"].values()]
-        listed += [(job, base.PENDING) for job in state["queue"]]
+        listed = [(job, base.JobState.RUNNING) for job in state["running"].values()]
+        listed += [(job, base.JobState.PENDING) for job in state["queue"]]
         return [
             base.SchedulerJob(job["id"], job["token"], job["account"], job_state)
             for job, job_state in listed
@@ -435,7 +435,7 @@ class LocalBackend(base.Backend):
             elif proc is not None:  # started just before a crash that lost the saved state
                 free = [gpu for gpu in free if gpu not in proc["gpus"]]
             elif job["gpus"] > len(self.gpus):  # the configured GPU count shrank since submit
-                _finish(meta, base.REJECTED, "REJECTED", "asks for more GPUs than the cluster has")
+                _finish(meta, base.JobState.REJECTED, "REJECTED", "asks for more GPUs than the cluster has")
             elif job["gpus"] > len(free):
                 break
             else:
@@ -464,7 +464,7 @@ class LocalBackend(base.Backend):
                 uids=uids,
             )
         except (OSError, BackendError) as exc:
-            _finish(meta, base.FAILED, "LAUNCH_FAILED", f"could not prepare the job: {exc}")
+            _finish(meta, base.JobState.FAILED, "LAUNCH_FAILED", f"could not prepare the job: {exc}")
             return None
         write_json(meta / "env.json", plan["env"])  # the job's environment, as it got it
         write_json(meta / "launch.json", plan)
@@ -481,7 +481,7 @@ class LocalBackend(base.Backend):
                     start_new_session=True,
                 )
         except OSError as exc:
-            _finish(meta, base.FAILED, "LAUNCH_FAILED", f"could not start the job: {exc}")
+            _finish(meta, base.JobState.FAILED, "LAUNCH_FAILED", f"could not start the job: {exc}")
             return None
         with _children_lock:
             _children[child.pid] = child
@@ -527,7 +527,9 @@ class LocalBackend(base.Backend):
             return end
         proc = read_json(meta / "proc.json")
         if proc is None:
-            return _finish(meta, base.FAILED, "LOST", "no process record: the worker died starting it")
+            return _finish(
+                meta, base.JobState.FAILED, "LOST", "no process record: the worker died starting it"
+            )
         if alive(proc):
             return None
         try:  # read after the liveness check: the wrapper writes it before it exits
@@ -542,11 +544,15 @@ class LocalBackend(base.Backend):
         if cause in _KILLED_BY:
             state, raw, reason = _KILLED_BY[cause]
         elif exit_code == 0:
-            state, raw, reason = base.COMPLETED, "COMPLETED", ""
+            state, raw, reason = base.JobState.COMPLETED, "COMPLETED", ""
         elif exit_code is not None:
-            state, raw, reason = base.FAILED, "FAILED", f"exit code {exit_code}"
+            state, raw, reason = base.JobState.FAILED, "FAILED", f"exit code {exit_code}"
         else:
-            state, raw, reason = base.FAILED, "KILLED", "no exit status: killed, or the machine restarted"
+            state, raw, reason = (
+                base.JobState.FAILED,
+                "KILLED",
+                "no exit status: killed, or the machine restarted",
+            )
         times = {"started_at": proc["started_at"], "finished_at": finished_at}
         return _finish(meta, state, raw, reason, exit_code, **times)
 
@@ -558,9 +564,9 @@ class LocalBackend(base.Backend):
             return JobStatus(backend_id, **end, started_at=started, finished_at=finished, node_list=node)
         if (job := state["running"].get(backend_id)) is not None:
             started = _dt(job["started_at"])
-            return JobStatus(backend_id, base.RUNNING, "RUNNING", started_at=started, node_list=node)
+            return JobStatus(backend_id, base.JobState.RUNNING, "RUNNING", started_at=started, node_list=node)
         if any(job["id"] == backend_id for job in state["queue"]):
-            return JobStatus(backend_id, base.PENDING, "PENDING", reason="Resources")
+            return JobStatus(backend_id, base.JobState.PENDING, "PENDING", reason="Resources")
         return None
 
     def gpu_utilization(self, backend_ids: list[str]) -> dict[str, base.GpuSample]:

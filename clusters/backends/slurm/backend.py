@@ -556,7 +556,7 @@ def _merge(job_id: str, live: _Record | None, accounted: _Record | None) -> JobS
     raw_state = record.raw_state.strip()
     started = slurm_time(record.start)
     state = portal_state(raw_state, started is not None)
-    running = state not in (base.PENDING,)
+    running = state not in (base.JobState.PENDING,)
     ended = state in base.END_STATES
     return JobStatus(
         backend_id=job_id,

@@ -17,30 +17,30 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Slurm's job states (squeue's long form, sacct's first word) → the portal's.
 STATES = {
-    "PENDING": base.PENDING,
-    "CONFIGURING": base.PENDING,
-    "REQUEUED": base.PENDING,
-    "REQUEUE_FED": base.PENDING,
-    "REQUEUE_HOLD": base.PENDING,
-    "SPECIAL_EXIT": base.PENDING,  # requeued and held by the job's own exit code
-    "RESV_DEL_HOLD": base.PENDING,
-    "RUNNING": base.RUNNING,
-    "COMPLETING": base.RUNNING,
-    "SUSPENDED": base.RUNNING,
-    "STOPPED": base.RUNNING,
-    "SIGNALING": base.RUNNING,
-    "STAGE_OUT": base.RUNNING,
-    "RESIZING": base.RUNNING,
-    "COMPLETED": base.COMPLETED,
-    "FAILED": base.FAILED,
-    "BOOT_FAIL": base.FAILED,
-    "DEADLINE": base.FAILED,
-    "CANCELLED": base.CANCELLED,
-    "REVOKED": base.CANCELLED,  # federation: the sibling cluster runs it
-    "TIMEOUT": base.TIMEOUT,
-    "NODE_FAIL": base.NODE_FAIL,
-    "OUT_OF_MEMORY": base.OUT_OF_MEMORY,
-    "PREEMPTED": base.PREEMPTED,
+    "PENDING": base.JobState.PENDING,
+    "CONFIGURING": base.JobState.PENDING,
+    "REQUEUED": base.JobState.PENDING,
+    "REQUEUE_FED": base.JobState.PENDING,
+    "REQUEUE_HOLD": base.JobState.PENDING,
+    "SPECIAL_EXIT": base.JobState.PENDING,  # requeued and held by the job's own exit code
+    "RESV_DEL_HOLD": base.JobState.PENDING,
+    "RUNNING": base.JobState.RUNNING,
+    "COMPLETING": base.JobState.RUNNING,
+    "SUSPENDED": base.JobState.RUNNING,
+    "STOPPED": base.JobState.RUNNING,
+    "SIGNALING": base.JobState.RUNNING,
+    "STAGE_OUT": base.JobState.RUNNING,
+    "RESIZING": base.JobState.RUNNING,
+    "COMPLETED": base.JobState.COMPLETED,
+    "FAILED": base.JobState.FAILED,
+    "BOOT_FAIL": base.JobState.FAILED,
+    "DEADLINE": base.JobState.FAILED,
+    "CANCELLED": base.JobState.CANCELLED,
+    "REVOKED": base.JobState.CANCELLED,  # federation: the sibling cluster runs it
+    "TIMEOUT": base.JobState.TIMEOUT,
+    "NODE_FAIL": base.JobState.NODE_FAIL,
+    "OUT_OF_MEMORY": base.JobState.OUT_OF_MEMORY,
+    "PREEMPTED": base.JobState.PREEMPTED,
 }
 # Slurm states after which the job record does not change any more.
 SLURM_END_STATES = frozenset(
@@ -145,7 +145,7 @@ def portal_state(raw_state: str, started: bool) -> str:
     word = raw_state.split()[0] if raw_state.strip() else ""
     state = STATES.get(word.rstrip("+"))
     if state is None:  # a state this table does not know: never report an end for it
-        return base.RUNNING if started else base.PENDING
+        return base.JobState.RUNNING if started else base.JobState.PENDING
     return state
 
 
