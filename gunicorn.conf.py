@@ -4,7 +4,7 @@ project root); options given on the command line still win.
 
 Gunicorn answers a request it cannot parse itself, before Django sees it: a request line longer
 than limit_request_line, too many or too large headers, a malformed header. It writes an HTML
-page; the API promises application/problem+json for every error (API.md, Conventions), and
+page; the API promises application/problem+json for every error (docs/api.md, Conventions), and
 clients (and the schemathesis run, which sends such requests) read the body as one. Gunicorn has
 no setting for that page, so its writer is replaced with one that writes the problem.
 """

@@ -34,7 +34,7 @@ class ScenarioGpuOut(serializers.ModelSerializer):
 
 
 class ScenarioOut(serializers.ModelSerializer):
-    """`advisor` (beyond API.md) names the body that advise/ takes: ai, md, cfd, or "" for none."""
+    """`advisor` (beyond docs/api.md) names the body that advise/ takes: ai, md, cfd, or "" for none."""
 
     gpu_models = ScenarioGpuOut(source="ranking", many=True, read_only=True)
 

@@ -1,4 +1,4 @@
-"""Signals for apps above clusters (DESIGN.md: a lower app that must react to a higher one gets
+"""Signals for apps above clusters (docs/architecture.md: a lower app that must react to a higher one gets
 a signal, not an import)."""
 
 from django.dispatch import Signal

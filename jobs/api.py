@@ -1,4 +1,4 @@
-"""Jobs, their events and logs, templates and usage (API.md, Jobs)."""
+"""Jobs, their events and logs, templates and usage (docs/api.md, Jobs)."""
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema

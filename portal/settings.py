@@ -378,7 +378,7 @@ DEFAULT_FROM_EMAIL = "GPU portal <portal@localhost>"
 globals().update(email_config(EMAIL_URL))  # ?from= in the URL replaces the sender above
 SERVER_EMAIL = DEFAULT_FROM_EMAIL
 
-# --- REST API (API.md, conventions)
+# --- REST API (docs/api.md, conventions)
 API_PAGE_SIZE = env_int("API_PAGE_SIZE", 50, minimum=1, maximum=200)
 API_THROTTLE_RATES = {
     "user": env_str("API_THROTTLE_USER", "1200/min"),
@@ -416,10 +416,10 @@ if DEBUG:
     REST_FRAMEWORK["DEFAULT_RENDERER_CLASSES"].append("rest_framework.renderers.BrowsableAPIRenderer")
 SPECTACULAR_SETTINGS = {
     "TITLE": "GPU self-service portal API",
-    "DESCRIPTION": "Quota by workload scenario, jobs on Slurm and Kubernetes. Contract: API.md.",
+    "DESCRIPTION": "Quota by workload scenario, jobs on Slurm and Kubernetes. Contract: docs/api.md.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
-    # API.md: no auth → 401, the schema and its docs page included (a token or a session reads them).
+    # docs/api.md: no auth → 401, the schema and its docs page included (a token or a session reads them).
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     "SCHEMA_PATH_PREFIX": "/api/v1",
     "SWAGGER_UI_DIST": "SIDECAR",

@@ -29,7 +29,7 @@ from tenants.models import (
 )
 
 # What the decision page shows of the apps above tenants: jobs/admin.py adds the tenant's waiting
-# and running jobs. tenants imports nothing of jobs (DESIGN.md), so jobs registers a callback,
+# and running jobs. tenants imports nothing of jobs (docs/architecture.md), so jobs registers a callback,
 # (request, tenant) -> context, here.
 DECISION_CONTEXT: list[Callable[[HttpRequest, Tenant], dict]] = []
 

@@ -1,4 +1,4 @@
-"""Tenants, members, quota requests, grants and the audit log (API.md). Views parse, check the
+"""Tenants, members, quota requests, grants and the audit log (docs/api.md). Views parse, check the
 caller's role through tenant_perms(), and call one selector or service."""
 
 from django.http import Http404

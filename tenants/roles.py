@@ -1,5 +1,5 @@
 """What each role may do in its tenant: the one table that services turn into guardian
-object permissions on the Tenant (DESIGN.md, Membership)."""
+object permissions on the Tenant (docs/architecture.md, Membership)."""
 
 from tenants.models import Role
 

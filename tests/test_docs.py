@@ -3,6 +3,7 @@ other, docs/architecture.md's room table matches the tree, and no file points ou
 repository."""
 
 import re
+import subprocess
 from pathlib import Path
 
 from drf_spectacular.generators import SchemaGenerator
@@ -36,3 +37,47 @@ def test_api_md_names_every_operation_of_the_schema_and_no_other():
     }
     assert served - documented == set(), "operations of the schema that docs/api.md does not name"
     assert documented - served - NOT_IN_SCHEMA == set(), "operations in docs/api.md that the API lacks"
+
+
+# The directories whose every module and package has its own row in docs/architecture.md.
+ROOMS = ("portal", "portal/core", "clusters", "clusters/backends", "tenants", "jobs", "jobs/services")
+SKIPPED = {"__init__.py", "migrations", "__pycache__"}
+
+
+def _rooms_in_tree() -> set[str]:
+    rooms = set()
+    for directory in ROOMS:
+        for entry in (ROOT / directory).iterdir():
+            if entry.name in SKIPPED:
+                continue
+            if entry.suffix == ".py":
+                rooms.add(f"{directory}/{entry.name}")
+            elif entry.is_dir() and (entry / "__init__.py").exists():
+                rooms.add(f"{directory}/{entry.name}/")
+    return rooms
+
+
+def test_architecture_md_has_a_row_for_every_room_of_the_tree_and_no_other():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    # a row's first cell is a path (it has a slash): `jobs/services/admission.py`, `clusters/advisor/`
+    rows = set(re.findall(r"^\| `([a-z_]+/[a-z_/]*(?:\.py)?)` \|", text, flags=re.MULTILINE))
+    assert _rooms_in_tree() - rows == set(), "rooms of the tree that docs/architecture.md does not list"
+    assert {row for row in rows if not (ROOT / row).exists()} == set(), "rows for rooms that do not exist"
+
+
+def test_no_file_of_the_repository_points_outside_it():
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, text=True
+    ).stdout.split("\0")
+    outside = re.compile(r"\.\./shared|\bDESIGN\.md|(?<![\w/])API\.md|\bSTYLE\.md")
+    pointing = []
+    for name in filter(None, tracked):
+        path = ROOT / name
+        if path.suffix in {".png", ".ico", ".mo", ".map"} or not path.is_file() or "vendor" in path.parts:
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        pointing += [f"{name}: {match[0]}" for match in outside.finditer(text)]
+    assert pointing == []

@@ -1,4 +1,4 @@
-"""The one interface every scheduler backend implements (DESIGN.md, Backends).
+"""The one interface every scheduler backend implements (docs/architecture.md, Backends).
 
 Plain dataclasses in and out: a backend imports no model of tenants or jobs, and knows a
 cluster only through ClusterConfig. States are the portal's (JobState, defined here once), with

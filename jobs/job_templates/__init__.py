@@ -1,4 +1,4 @@
-"""Job templates per scenario, rendered to a bash batch script per backend (DESIGN.md, Domain).
+"""Job templates per scenario, rendered to a bash batch script per backend (docs/architecture.md, Domain).
 
 Each template publishes a JSON Schema (draft 2020-12) of its parameters at
 GET /api/v1/templates/; render_template validates against it before rendering, and every

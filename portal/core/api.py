@@ -30,7 +30,7 @@ class TokenCreate(APIView):
         data.is_valid(raise_exception=True)
         # Django's request, which the login lockout (portal.core.lockout) marks: a username or
         # address locked out answers 429 `throttled` with Retry-After from the lockout middleware,
-        # whether or not the username exists; below the limit a wrong password stays 400 (API.md).
+        # whether or not the username exists; below the limit a wrong password stays 400 (docs/api.md).
         user = authenticate(
             request._request,
             username=data.validated_data["username"],
@@ -71,7 +71,7 @@ class _ProblemOnError:
 
 
 class SchemaView(_ProblemOnError, SpectacularAPIView):
-    """The OpenAPI schema; like every API answer, 401 without credentials (API.md)."""
+    """The OpenAPI schema; like every API answer, 401 without credentials (docs/api.md)."""
 
 
 class DocsView(_ProblemOnError, SpectacularSwaggerView):

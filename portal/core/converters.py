@@ -16,7 +16,7 @@ class IdConverter:
 
 
 class SlugConverter:
-    regex = SLUG_LOOKUP  # lowercase [a-z0-9-], as every slug the portal makes (API.md)
+    regex = SLUG_LOOKUP  # lowercase [a-z0-9-], as every slug the portal makes (docs/api.md)
 
     def to_python(self, value: str) -> str:
         return value

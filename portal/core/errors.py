@@ -1,4 +1,4 @@
-"""Every API error as application/problem+json (RFC 9457) with a machine `code` (API.md).
+"""Every API error as application/problem+json (RFC 9457) with a machine `code` (docs/api.md).
 
 Services raise PortalError subclasses; DRF's own exceptions are reshaped here; anything else
 is logged and answered as a 500 without detail, so no internal text reaches a client.
@@ -33,7 +33,7 @@ TITLES = {
     "unavailable": "Service unavailable",
     "server_error": "Server error",
 }
-# Every `code` an error body may carry (API.md, Conventions), for the schema's enum.
+# Every `code` an error body may carry (docs/api.md, Conventions), for the schema's enum.
 PROBLEM_CODES = tuple(TITLES)
 
 _CODE_BY_STATUS = {

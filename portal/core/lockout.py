@@ -94,7 +94,7 @@ def _retry_after_s(request, credentials) -> int:
 
 
 def lockout_response(request: HttpRequest, original_response=None, credentials=None) -> HttpResponse:
-    """AXES_LOCKOUT_CALLABLE: 429 with Retry-After; problem+json `throttled` on the API (API.md),
+    """AXES_LOCKOUT_CALLABLE: 429 with Retry-After; problem+json `throttled` on the API (docs/api.md),
     a page that says what happened and what to do on the login pages."""
     wait_s = _retry_after_s(request, credentials)
     if request.path.startswith("/api/"):

@@ -11,7 +11,7 @@ MAX_OFFSET = CursorPagination.offset_cutoff
 
 
 class CursorPage(CursorPagination):
-    """Cursor pagination on a unique, indexed key (API.md: `?page_size=` up to 200).
+    """Cursor pagination on a unique, indexed key (docs/api.md: `?page_size=` up to 200).
 
     DRF quietly ignores a bad page_size or answers 404 to a bad cursor; a client is better
     served by a 400 that names the parameter.

@@ -131,7 +131,7 @@ class _PatternRef(serializers.SlugRelatedField):
 
 @extend_schema_field({"type": "string", "pattern": SLUG_PATTERN, "maxLength": 63})
 class SlugRef(_PatternRef):
-    """An object by its slug (API.md: lowercase [a-z0-9-])."""
+    """An object by its slug (docs/api.md: lowercase [a-z0-9-])."""
 
     regex = slug_validator.regex
 

@@ -1,4 +1,4 @@
-"""The Kubernetes backend: batch/v1 Jobs in a namespace per tenant (DESIGN.md, Backends).
+"""The Kubernetes backend: batch/v1 Jobs in a namespace per tenant (docs/architecture.md, Backends).
 
 manifests.py builds every object from plain data (pure functions), states.py maps a Job and its
 pods to the portal's states, client.py holds the connection on the official `kubernetes` client,

@@ -1,4 +1,4 @@
-"""KubernetesBackend: jobs as batch/v1 Jobs, tenants as namespaces (DESIGN.md, Backends).
+"""KubernetesBackend: jobs as batch/v1 Jobs, tenants as namespaces (docs/architecture.md, Backends).
 
 backend id = "<namespace>/pj-<token>". submit creates the Job (and, for several nodes, the
 headless Service of its rendezvous); a retry that meets 409 AlreadyExists adopts the Job that

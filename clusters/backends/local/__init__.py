@@ -1,4 +1,4 @@
-"""The local backend: jobs run as processes on the portal's own machine (DESIGN.md, Backends).
+"""The local backend: jobs run as processes on the portal's own machine (docs/architecture.md, Backends).
 
 launch.py holds the wrapper that outlives the worker and decides what it runs, sandbox.py the
 bubblewrap sandbox a job runs in, records.py a job's records on disk, cleanup.py the scratch

@@ -1,4 +1,4 @@
-"""SlurmBackend: jobs on a Slurm cluster through its login node (DESIGN.md, Backends)."""
+"""SlurmBackend: jobs on a Slurm cluster through its login node (docs/architecture.md, Backends)."""
 
 from __future__ import annotations
 
