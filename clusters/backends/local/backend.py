@@ -1,4 +1,4 @@
-"""The local cluster: jobs run as processes on the portal's own machine (docs/architecture.md, Backends: local).
+"""The local cluster: jobs run as processes on the portal's own machine (docs/architecture.md).
 
 For a single shared GPU server and for the demo. Everything lives under config.state_dir:
 
