@@ -1,8 +1,18 @@
 from celery import shared_task
 
+from clusters.backends.base import BackendUnavailable
 from clusters.models import Cluster
 from clusters.selectors import cluster_ids_enabled
 from clusters.services import cluster_sync
+
+# How a task that talks to a scheduler retries: a cluster that does not answer now may in a
+# minute (backoff 2 s … 120 s, 8 tries). jobs' and tenants' tasks take it.
+BACKEND_RETRY = {
+    "autoretry_for": (BackendUnavailable,),
+    "retry_backoff": 2,
+    "retry_backoff_max": 120,
+    "max_retries": 8,
+}
 
 
 @shared_task(acks_late=True, soft_time_limit=60, time_limit=90)

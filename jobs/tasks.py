@@ -4,19 +4,13 @@ from celery import shared_task
 from django.conf import settings
 from django.db import DatabaseError
 
-from clusters.backends.base import PURGE_TIMEOUT_S, BackendUnavailable
+from clusters.backends.base import PURGE_TIMEOUT_S
+from clusters.tasks import BACKEND_RETRY
 from jobs import services
 from jobs.selectors import cluster_ids_to_poll
 from jobs.services.admission import jobs_admit_marked
 from jobs.services.dispatch import jobs_dispatch
 from jobs.services.poll import POLL_TIME_LIMIT_S
-
-RETRY = {
-    "autoretry_for": (BackendUnavailable,),
-    "retry_backoff": 2,
-    "retry_backoff_max": 120,
-    "max_retries": 8,
-}
 
 
 @shared_task(
@@ -24,7 +18,7 @@ RETRY = {
     reject_on_worker_lost=True,
     soft_time_limit=settings.JOB_DISPATCH_TIME_LIMIT_S - 30,
     time_limit=settings.JOB_DISPATCH_TIME_LIMIT_S,
-    **RETRY,
+    **BACKEND_RETRY,
 )
 def dispatch_job(*, job_id: int) -> int:
     """QUEUED → SUBMITTING → PENDING, for the job and, in the same batch, others of its cluster
@@ -48,7 +42,7 @@ def admit_partition(*, partition_id: int) -> int:
     return len(jobs_admit_marked(partition_id=partition_id))
 
 
-@shared_task(acks_late=True, soft_time_limit=60, time_limit=90, **RETRY)
+@shared_task(acks_late=True, soft_time_limit=60, time_limit=90, **BACKEND_RETRY)
 def cancel_job(*, job_id: int, backend_id: str = "") -> None:
     """CANCELLING: tell the scheduler; the next poll sees CANCELLED."""
     services.job_cancel_in_scheduler(job_id=job_id, backend_id=backend_id)

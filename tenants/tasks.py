@@ -1,7 +1,7 @@
 from celery import shared_task
 
-from clusters.backends.base import BackendUnavailable
 from clusters.selectors import cluster_ids_enabled
+from clusters.tasks import BACKEND_RETRY
 from tenants.limits import tenant_apply
 from tenants.selectors import tenant_ids_all
 from tenants.services import grants_remind_ending, quota_requests_expire
@@ -19,15 +19,7 @@ def remind_grants_ending() -> int:
     return grants_remind_ending()
 
 
-@shared_task(
-    acks_late=True,
-    soft_time_limit=120,
-    time_limit=150,
-    autoretry_for=(BackendUnavailable,),
-    retry_backoff=2,
-    retry_backoff_max=120,
-    max_retries=8,
-)
+@shared_task(acks_late=True, soft_time_limit=120, time_limit=150, **BACKEND_RETRY)
 def apply_tenant(*, tenant_id: int, cluster_id: int | None = None) -> None:
     """The tenant's account, QOS and limits on one cluster, or on every enabled one."""
     if cluster_id is not None:

@@ -19,9 +19,10 @@ from django.utils import timezone
 
 from clusters.models import Cluster, Partition
 from clusters.services import backend_of
+from clusters.tasks import BACKEND_RETRY
 from jobs.models import Job, JobState
 from jobs.services import jobs_dispatch, jobs_poll, jobs_sweep
-from jobs.tasks import RETRY, dispatch_job, sweep_jobs
+from jobs.tasks import dispatch_job, sweep_jobs
 from portal.celery import app
 from tests.conftest import free_port, stop
 from tests.faults_support import SilentPeer, slurm_tenant, start_worker, tally, wait_until
@@ -185,13 +186,13 @@ def test_ssh_refused_or_hanging_ends_each_dispatch_within_its_bound_and_retries(
               f"{settings.JOB_DISPATCH_TIME_LIMIT_S}s), retries so far {len(countdowns)} in {countdowns}s, "
               f"connections={accepted}", end="")  # fmt: skip
         assert attempt_s < min(bound_s + 3, DISPATCH_SOFT_LIMIT_S), (slug, attempt_s)
-        assert all(countdown <= RETRY["retry_backoff_max"] for countdown in countdowns)
+        assert all(countdown <= BACKEND_RETRY["retry_backoff_max"] for countdown in countdowns)
     print()
     assert figures["ssh-refused"][0] < 2
     # Bounded retries: at most max_retries, each wait capped, all far inside the broker's
     # visibility timeout; past them the job waits for the sweep, in the database.
-    assert (dispatch_job.max_retries, RETRY["retry_backoff_max"]) == (8, 120)
-    assert RETRY["retry_backoff_max"] < settings.BROKER_VISIBILITY_TIMEOUT_S
+    assert (dispatch_job.max_retries, BACKEND_RETRY["retry_backoff_max"]) == (8, 120)
+    assert BACKEND_RETRY["retry_backoff_max"] < settings.BROKER_VISIBILITY_TIMEOUT_S
 
 
 # --- A transaction that fails after sbatch accepted the job
