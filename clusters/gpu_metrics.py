@@ -41,7 +41,7 @@ class GpuMetricsError(ValueError):
 # --- nvidia-smi
 
 # The queries the local backend runs, exactly as the H200 fixtures were captured (see
-# shared/fixtures/nvidia-smi/h200/README.md); the columns of each row follow these fields.
+# tests/fixtures/nvidia-smi/h200/README.md); the columns of each row follow these fields.
 QUERY_GPU_FIELDS = (
     "index", "uuid", "name", "memory.total", "memory.used", "utilization.gpu", "utilization.memory",
     "temperature.gpu", "power.draw", "clocks.sm", "ecc.mode.current",

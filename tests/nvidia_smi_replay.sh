@@ -1,11 +1,11 @@
 #!/bin/sh
 # Stands in for nvidia-smi on a machine without a GPU. It replays the REAL output of an NVIDIA
-# H200 (driver 580) captured in shared/fixtures/nvidia-smi/h200/, for exactly the arguments the
+# H200 (driver 580) captured in tests/fixtures/nvidia-smi/h200/, for exactly the arguments the
 # portal runs (clusters/gpu_metrics.py), and fails as nvidia-smi does on any others.
 #   NVIDIA_SMI_REPLAY=idle (default) | busy   which capture to replay
 #   NVIDIA_SMI_REPLAY=hang                     never answers (a driver in trouble)
 #   NVIDIA_SMI_REPLAY=nodriver                 nvidia-smi's answer on a machine with no driver
-fixtures="${NVIDIA_SMI_FIXTURES:-$(dirname "$0")/../../shared/fixtures/nvidia-smi/h200}"
+fixtures="${NVIDIA_SMI_FIXTURES:-$(dirname "$0")/fixtures/nvidia-smi/h200}"
 state="${NVIDIA_SMI_REPLAY:-idle}"
 case "$state" in
   hang) exec sleep 60 ;;
