@@ -88,8 +88,8 @@ class CatalogNameField(serializers.CharField):
 
 
 class JobListOut(serializers.ListSerializer):
-    """A page of jobs, or of rows of their columns (a values() query: the API's list reads
-    jobs.selectors.job_rows_answered_to), with the catalog's names for the whole page in one read."""
+    """A page of jobs, or of rows of their columns (a values() query: the API's list reads rows),
+    with the catalog's names for the whole page in one read."""
 
     def to_representation(self, data) -> list[dict]:
         serializer_class = type(self.child)
