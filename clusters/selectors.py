@@ -51,15 +51,23 @@ class CatalogNames:
     partition: dict[int, str]
 
 
-# The catalog's names by id, kept in the process: they change only when an admin edits the
-# catalog. A save or delete here clears them (clusters.apps); another process reads them
-# again within NAMES_TTL_S.
+# The catalog's names by id, kept in the process (docs/architecture/performance-layer.md): they
+# change only when an admin edits the catalog. A save or delete here clears them (clusters.apps);
+# another process reads them again within NAMES_TTL_S.
 NAMES_TTL_S = 60.0
+# Each kind of name: the model it is a column of, and the column.
+_CATALOG = (
+    ("scenario", Scenario, "slug"),
+    ("gpu_model", GpuModel, "slug"),
+    ("cluster", Cluster, "slug"),
+    ("partition", Partition, "name"),
+)
 _names: dict[str, dict[int, str]] = {}
 _names_read_at = float("-inf")
 
 
 def catalog_names_forget() -> None:
+    """Forget this process's names: the catalog was saved or deleted here (clusters.apps)."""
     global _names  # rebound, not cleared: a reader keeps the dicts it holds
     _names = {}
 
@@ -94,14 +102,6 @@ def catalog_names(rows: Iterable) -> CatalogNames:
                 names[_CATALOG[index][0]][pk] = name
         _names = names
     return CatalogNames(**names)
-
-
-_CATALOG = (
-    ("scenario", Scenario, "slug"),
-    ("gpu_model", GpuModel, "slug"),
-    ("cluster", Cluster, "slug"),
-    ("partition", Partition, "name"),
-)
 
 
 def cluster_ids_enabled() -> list[int]:

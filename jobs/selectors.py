@@ -17,14 +17,39 @@ def jobs_visible_to(*, user: AbstractBaseUser) -> QuerySet[Job]:
     )
 
 
-# What the API's job answers read (JobOut, JobDetailOut): the catalog's names come apart
-# (clusters.selectors.catalog_names), since joining four more tables into every job query cost
-# PostgreSQL more to plan than the query took to run (docs/performance.md).
-API_JOB_FIELDS = (
-    *("id", "tenant__slug", "name", "scenario_id", "gpu_model_id", "gpus", "nodes", "walltime_minutes"),
-    *("priority", "state", "reason", "cluster_id", "partition_id", "backend_id", "submitted_by__username"),
-    *("created", "started_at", "finished_at", "exit_code", "gpu_hours", "reserved_gpu_hours"),
-)
+# A job's answer in the API, field by field, and the column of the job each is read from: the
+# one declaration of what the answer holds. jobs.serializers.JobOut answers these fields in this
+# order (and the schema shows them), the queries below read these columns, and the answer is
+# built from a row of them (docs/architecture/performance-layer.md). A column of the job is added
+# to the answer here alone; JobOut declares how a field is shown when not as its column is.
+# The catalog's names are read apart (clusters.selectors.catalog_names): joining four more
+# tables into every job query cost PostgreSQL more to plan than the query took to run.
+JOB_ANSWER = {
+    "id": "id",
+    "tenant": "tenant__slug",
+    "name": "name",
+    "scenario": "scenario_id",
+    "gpu_model": "gpu_model_id",
+    "gpus": "gpus",
+    "nodes": "nodes",
+    "walltime_minutes": "walltime_minutes",
+    "priority": "priority",
+    "state": "state",
+    "reason": "reason",
+    "cluster": "cluster_id",
+    "partition": "partition_id",
+    "backend_id": "backend_id",
+    "submitted_by": "submitted_by__username",
+    "created": "created",
+    "started_at": "started_at",
+    "finished_at": "finished_at",
+    "exit_code": "exit_code",
+    "gpu_hours": "gpu_hours",
+    "gpu_hours_reserved": "reserved_gpu_hours",
+}
+API_JOB_FIELDS = tuple(JOB_ANSWER.values())
+# What JobDetailOut adds for the job's submitter and the tenant's owners and managers: columns
+# shown under their own names.
 API_JOB_DETAIL_FIELDS = ("raw_state", "node_list", "template", "parameters", "env", "script")
 
 

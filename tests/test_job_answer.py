@@ -6,12 +6,13 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 from rest_framework import serializers
 
 from jobs.models import Job, JobState
 from jobs.selectors import job_answer_rows_visible_to, job_answers_visible_to
-from jobs.serializers import JobDetailOut, JobOut
+from jobs.serializers import JobDetailOut, JobOut, answer_plan
 
 pytestmark = pytest.mark.django_db
 
@@ -82,3 +83,11 @@ def test_values_not_yet_stored_are_rounded_as_drf_rounds_them(owner, make_job):
     built = JobDetailOut(job).data
     assert built == drf_walk(JobDetailOut, job)
     assert (str(built["gpu_hours"]), str(built["gpu_hours_reserved"])) == ("1.0000", "0.12")
+
+
+def test_a_declared_field_must_read_the_column_the_answer_declares():
+    class Renamed(JobOut):
+        tenant = serializers.CharField(source="tenant.name")
+
+    with pytest.raises(ImproperlyConfigured, match=r"reads tenant__name; .* says tenant__slug"):
+        answer_plan(Renamed)

@@ -120,5 +120,6 @@ def test_a_rename_made_elsewhere_shows_once_the_names_are_old(owner_client, owne
     assert sql_of(owner_client, f"/api/v1/jobs/{job.id}/")[1]["cluster"] == "local"
     type(job.cluster).objects.filter(pk=job.cluster_id).update(slug="renamed")  # no signal here
     assert sql_of(owner_client, f"/api/v1/jobs/{job.id}/")[1]["cluster"] == "local"  # within the TTL
-    monkeypatch.setattr(catalog, "_names_read_at", catalog._names_read_at - catalog.NAMES_TTL_S - 1)
+    later = catalog.time.monotonic() + catalog.NAMES_TTL_S + 1  # the process's names are now old
+    monkeypatch.setattr(catalog.time, "monotonic", lambda: later)
     assert sql_of(owner_client, f"/api/v1/jobs/{job.id}/")[1]["cluster"] == "renamed"

@@ -5,7 +5,8 @@ request makes (its token, its permissions), that Python cost was two to four tim
 PostgreSQL took to answer them: 0.6 ms of the token's 0.8 ms, most of the permissions' 0.7 ms
 (docs/performance.md). A CompiledQuery keeps the SQL that the ORM wrote for a values_list()
 query and runs it with each call's values, converted by the same compiler's converters, so
-what it returns is what the QuerySet itself would return.
+what it returns is what the QuerySet itself would return. Which queries should be one:
+docs/architecture/performance-layer.md.
 """
 
 from __future__ import annotations
