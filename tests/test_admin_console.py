@@ -5,7 +5,6 @@ test client, and one walk through the console in headless Chromium."""
 import os
 import socket
 from datetime import timedelta
-from decimal import Decimal
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -22,7 +21,15 @@ from jobs.models import Job, JobEvent, JobState
 from portal.core.models import AuditEvent
 from tenants.models import QuotaGrant, QuotaRequest, RequestState
 from tests.browser import browser_page, screenshot
-from tests.factories import PASSWORD, UserFactory
+from tests.factories import (
+    PASSWORD,
+    ClusterFactory,
+    JobFactory,
+    PartitionFactory,
+    QuotaGrantFactory,
+    QuotaRequestFactory,
+    UserFactory,
+)
 
 pytestmark = pytest.mark.django_db
 # Playwright's sync API runs an event loop in this thread; the browser test's ORM calls happen
@@ -49,19 +56,11 @@ def staff_with(client, username: str, *codenames: str):
     return client
 
 
-def make_request(tenant, catalog, **overrides) -> QuotaRequest:
-    scenario, gpu_model = catalog
-    fields = {"tenant": tenant, "scenario": scenario, "gpu_model": gpu_model, "gpus": 8, "gpu_hours": Decimal(500),
-              "starts_on": TODAY, "ends_on": TODAY + timedelta(days=60), "justification": "Protein LM"}  # fmt: skip
-    return QuotaRequest.objects.create(**fields | overrides)
-
-
 def make_job(grant, partition, user, *, name: str, state=JobState.QUEUED, reason: str = "") -> Job:
     """A job row as the services leave it, for pages that only read it."""
-    job = Job.objects.create(
-        tenant=grant.tenant, submitted_by=user, name=name, scenario=grant.scenario, gpu_model=grant.gpu_model,
-        grant=grant, cluster=partition.cluster, partition=partition, gpus=2, walltime_minutes=5, cpus_per_gpu=1,
-        mem_per_gpu_mb=1000, script="#!/bin/bash\n", reserved_gpu_hours=Decimal("0.17"), state=state, reason=reason,
+    job = JobFactory(
+        grant=grant, partition=partition, submitted_by=user, name=name, gpus=2, walltime_minutes=5,
+        mem_per_gpu_mb=1000, state=state, reason=reason,
     )  # fmt: skip
     JobEvent.objects.create(job=job, to_state=state, reason=reason or "submitted")
     return job
@@ -81,13 +80,10 @@ def test_decide_page_shows_the_tenants_waiting_jobs_and_counts_the_running(
     make_job(grant, local_partition, member, name="in-slurm-queue", state=JobState.PENDING, reason="Priority")
     make_job(grant, local_partition, member, name="already-running", state=JobState.RUNNING)
     make_job(grant, local_partition, member, name="long-done", state=JobState.COMPLETED)
-    theirs = QuotaGrant.objects.create(
-        tenant=other_tenant, scenario=catalog[0], gpu_model=catalog[1], gpus=2, gpu_hours=Decimal(10),
-        starts_on=TODAY, ends_on=TODAY + timedelta(days=5),
-    )  # fmt: skip
+    theirs = QuotaGrantFactory(tenant=other_tenant, gpus=2, gpu_hours=10, days=5)
     make_job(theirs, local_partition, outsider, name="other-teams-job")
 
-    response = console.get(decide_url(make_request(tenant, catalog)))
+    response = console.get(decide_url(QuotaRequestFactory(tenant=tenant)))
     assert response.status_code == 200
     assert [job.name for job in response.context["waiting_jobs"]] == ["held-by-quota", "in-slurm-queue"]
     page = response.content.decode()
@@ -101,8 +97,8 @@ def test_decide_page_shows_the_tenants_waiting_jobs_and_counts_the_running(
 def test_decide_page_takes_the_same_queries_for_1_and_10_waiting_jobs(
     console, tenant, member, grant, local_partition, catalog
 ):
-    url = decide_url(make_request(tenant, catalog))
-    make_request(tenant, catalog, gpus=2)  # another request of the tenant, listed beside it
+    url = decide_url(QuotaRequestFactory(tenant=tenant))
+    QuotaRequestFactory(tenant=tenant, gpus=2)  # another request of the tenant, listed beside it
     make_job(grant, local_partition, member, name="job-0")
     console.get(url)  # warm: content types, permissions
     with CaptureQueriesContext(connection) as one:
@@ -120,7 +116,7 @@ def test_decide_page_lists_50_waiting_jobs_and_says_how_many_more(
 ):
     for i in range(53):
         make_job(grant, local_partition, member, name=f"job-{i}")
-    response = console.get(decide_url(make_request(tenant, catalog)))
+    response = console.get(decide_url(QuotaRequestFactory(tenant=tenant)))
     assert [job.name for job in response.context["waiting_jobs"]] == [f"job-{i}" for i in range(50)]
     page = response.content.decode()
     assert "and 3 more waiting jobs" in page
@@ -130,7 +126,7 @@ def test_decide_page_lists_50_waiting_jobs_and_says_how_many_more(
 def test_staff_who_may_only_view_requests_reads_the_decide_page_but_cannot_decide(
     client, tenant, catalog, owner
 ):
-    quota_request = make_request(tenant, catalog)
+    quota_request = QuotaRequestFactory(tenant=tenant)
     staff_with(client, "no-perms")
     assert client.get(decide_url(quota_request)).status_code == 403
 
@@ -189,7 +185,7 @@ def test_check_health_now_asks_the_local_cluster_and_records_its_answer(console,
 
 def test_check_health_now_reports_a_cluster_whose_ssh_cannot_connect(console, local_partition):
     port = closed_port()
-    unreachable = Cluster.objects.create(
+    unreachable = ClusterFactory(
         slug="far-hpc", name="Far HPC", kind="slurm", ssh_host="127.0.0.1", ssh_port=port, ssh_user="portal",
         ssh_private_key=openssh_private_key(), healthy=True, health_checked_at=timezone.now() - timedelta(days=1),
     )  # fmt: skip
@@ -215,13 +211,12 @@ def test_a_staff_user_who_may_only_view_clusters_cannot_check_their_health(clien
 def test_index_page_shows_each_enabled_clusters_health_and_gpus(console, local_partition, catalog):
     Cluster.objects.filter(pk=local_partition.cluster_id).update(health_checked_at=timezone.now())
     Partition.objects.filter(pk=local_partition.pk).update(gpus_free=3)
-    down = Cluster.objects.create(
+    down = ClusterFactory(
         slug="k8s", name="GPU Pool", kind="kubernetes", healthy=False, health_detail="API server timed out",
         health_checked_at=timezone.now(),
     )  # fmt: skip
-    Partition.objects.create(cluster=down, name="a40", gpu_model=catalog[1], gpus_per_node=8, nodes=2,
-                             max_walltime_minutes=60)  # fmt: skip
-    Cluster.objects.create(slug="retired", name="Retired Cluster", kind="local", enabled=False)
+    PartitionFactory(cluster=down, name="a40", gpu_model=catalog[1], nodes=2, max_walltime_minutes=60)
+    ClusterFactory(slug="retired", name="Retired Cluster", enabled=False, local_gpus=0, healthy=False)
 
     with CaptureQueriesContext(connection) as queries:
         page = console.get("/admin/").content.decode()
@@ -346,7 +341,7 @@ def test_an_admin_walks_from_cluster_health_to_a_decision_and_the_audit_log(
     Cluster.objects.filter(pk=local_partition.cluster_id).update(
         health_checked_at=timezone.now(), health_detail="4 GPUs; state in var/local-cluster"
     )
-    quota_request = make_request(grant.tenant, catalog)
+    quota_request = QuotaRequestFactory(tenant=grant.tenant)
     make_job(grant, local_partition, member, name="waits-for-quota", reason="quota_wait")
     base = live_server.url
     with browser_page() as page:

@@ -5,13 +5,11 @@ free, which only gives the new jobs their reasons."""
 import base64
 import json
 import threading
-from datetime import timedelta
 from decimal import Decimal
 
 import pytest
 from django.core.cache import cache
 from django.db import connection, connections, transaction
-from django.utils import timezone
 from kombu import Connection
 
 from clusters.models import Partition
@@ -20,8 +18,9 @@ from jobs.services import JobRequest, job_submit
 from jobs.services.submit import admit_mark
 from jobs.tasks import admit_partition
 from portal.celery import app
-from tenants.models import QuotaGrant, Role
+from tenants.models import Role
 from tests.conftest import join
+from tests.factories import QuotaGrantFactory
 
 SCRIPT = "#!/bin/bash\ntrue\n"
 
@@ -119,11 +118,7 @@ def test_with_no_gpu_free_only_the_new_jobs_get_a_reason(member, tenant, catalog
     small, _ = job_submit(user=member, request=request_for(tenant, catalog, local_partition))
     assert (small.holds_gpus, small.reason) == (False, "quota_wait")  # the grant allows 4 at once
 
-    today = timezone.localdate()
-    QuotaGrant.objects.create(
-        tenant=other_tenant, scenario=catalog[0], gpu_model=catalog[1], gpus=4, gpu_hours=Decimal(100),
-        starts_on=today, ends_on=today + timedelta(days=30),
-    )  # fmt: skip
+    QuotaGrantFactory(tenant=other_tenant, pair=catalog)
     other = join(other_tenant, "other-member", Role.MEMBER)
     waiting, _ = job_submit(user=other, request=request_for(other_tenant, catalog, local_partition))
     assert (waiting.holds_gpus, waiting.reason) == (False, "capacity_wait")

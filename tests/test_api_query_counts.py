@@ -16,7 +16,7 @@ from jobs.models import Job, JobState
 from portal.core.services import audit_record, token_create
 from tenants.models import QuotaGrant, QuotaRequest, Role
 from tenants.services import membership_add
-from tests.factories import TenantFactory, UserFactory
+from tests.factories import ClusterFactory, PartitionFactory, QuotaGrantFactory, TenantFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -34,19 +34,15 @@ class Stack:
 
     def grant(self) -> QuotaGrant:
         if self._grant is None:
-            self._grant = QuotaGrant.objects.create(
-                tenant=self.tenant, scenario=self.scenario, gpu_model=self.gpu_model, gpus=8,
-                gpu_hours=Decimal(1000), starts_on=TODAY, ends_on=TODAY + timedelta(days=30),
-            )  # fmt: skip
+            self._grant = QuotaGrantFactory(
+                tenant=self.tenant, pair=(self.scenario, self.gpu_model), gpus=8, gpu_hours=1000
+            )
         return self._grant
 
     def placement(self) -> tuple[Cluster, Partition]:
         if self._placement is None:
-            cluster = Cluster.objects.create(slug="local", name="Local", kind="local", local_gpus=8)
-            partition = Partition.objects.create(
-                cluster=cluster, name="local", gpu_model=self.gpu_model, gpus_per_node=8, nodes=1,
-                max_walltime_minutes=600,
-            )  # fmt: skip
+            cluster = ClusterFactory(slug="local", healthy=False)
+            partition = PartitionFactory(cluster=cluster, gpu_model=self.gpu_model)
             self._placement = cluster, partition
         return self._placement
 
@@ -118,9 +114,7 @@ class Stack:
                 )
         elif kind == "clusters":
             for i in range(n):
-                cluster = Cluster.objects.create(
-                    slug=f"cluster-{i:03}", name=f"C{i}", kind="local", local_gpus=4
-                )
+                cluster = ClusterFactory(slug=f"cluster-{i:03}", name=f"C{i}", local_gpus=4, healthy=False)
                 Partition.objects.bulk_create(
                     Partition(
                         cluster=cluster, name=f"p{p}", gpu_model=self.gpu_model, gpus_per_node=4, nodes=1,

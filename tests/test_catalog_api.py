@@ -6,7 +6,8 @@ import importlib
 import pytest
 from django.apps import apps as django_apps
 
-from clusters.models import Cluster, GpuModel, Partition, Scenario, ScenarioGpu
+from clusters.models import Cluster, GpuModel, Scenario, ScenarioGpu
+from tests.factories import ClusterFactory, PartitionFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -54,12 +55,10 @@ def make_gpu_model(slug: str) -> GpuModel:
 
 
 def make_cluster(slug: str, *, enabled: bool = True, partitions: int = 2) -> Cluster:
-    cluster = Cluster.objects.create(
+    cluster = ClusterFactory(
         slug=slug,
-        name=slug.title(),
         kind="slurm",
         enabled=enabled,
-        healthy=True,
         ssh_host="login.example.org",
         ssh_user="portal",
         ssh_private_key=SECRET_KEY_TEXT,
@@ -68,14 +67,8 @@ def make_cluster(slug: str, *, enabled: bool = True, partitions: int = 2) -> Clu
     )
     h100 = GpuModel.objects.get(slug="h100-80gb")
     for n in range(partitions):
-        Partition.objects.create(
-            cluster=cluster,
-            name=f"gpu{n}",
-            gpu_model=h100,
-            gpus_per_node=8,
-            nodes=4,
-            max_walltime_minutes=2880,
-            gpus_free=5,
+        PartitionFactory(
+            cluster=cluster, name=f"gpu{n}", gpu_model=h100, nodes=4, max_walltime_minutes=2880, gpus_free=5
         )
     return cluster
 

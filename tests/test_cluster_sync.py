@@ -2,17 +2,17 @@
 
 import pytest
 
-from clusters.models import Cluster, Partition
 from clusters.services import cluster_sync
+from tests.factories import ClusterFactory, PartitionFactory
 
 pytestmark = pytest.mark.django_db
 
 
 def test_local_cluster_reports_its_free_gpus_and_health(catalog, client_for, member, settings, tmp_path):
     settings.VAR_DIR = tmp_path
-    cluster = Cluster.objects.create(slug="here", name="Here", kind="local", local_gpus=3)
-    partition = Partition.objects.create(
-        cluster=cluster, name="local", gpu_model=catalog[1], gpus_per_node=3, nodes=1, max_walltime_minutes=60
+    cluster = ClusterFactory(slug="here", local_gpus=3, healthy=False)
+    partition = PartitionFactory(
+        cluster=cluster, gpu_model=catalog[1], gpus_per_node=3, max_walltime_minutes=60
     )
     assert cluster_sync(cluster=cluster)
     partition.refresh_from_db()
@@ -26,7 +26,7 @@ def test_an_unusable_cluster_is_marked_unhealthy(catalog, settings, tmp_path):
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where the state folder should be")
     settings.VAR_DIR = blocked
-    cluster = Cluster.objects.create(slug="here", name="Here", kind="local", local_gpus=3, healthy=True)
+    cluster = ClusterFactory(slug="here", local_gpus=3, healthy=True)
     assert not cluster_sync(cluster=cluster)
     cluster.refresh_from_db()
     assert not cluster.healthy and cluster.health_detail

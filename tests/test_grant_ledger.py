@@ -13,16 +13,9 @@ from tenants.errors import QuotaExhausted, TenantSuspended
 from tenants.models import QuotaGrant, TenantState
 from tenants.services import grant_reserve, grant_settle, grant_take_gpus, grants_remind_ending
 
+pytestmark = pytest.mark.grant(gpus=8)
+
 TODAY = timezone.localdate()
-
-
-@pytest.fixture
-def grant(tenant, catalog):
-    scenario, gpu_model = catalog
-    return QuotaGrant.objects.create(
-        tenant=tenant, scenario=scenario, gpu_model=gpu_model, gpus=8, gpu_hours=Decimal(100),
-        starts_on=TODAY, ends_on=TODAY + timedelta(days=30),
-    )  # fmt: skip
 
 
 @pytest.mark.django_db

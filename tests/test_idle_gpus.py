@@ -23,6 +23,7 @@ from jobs.models import Job, JobEvent, JobState
 from jobs.services import jobs_watch_idle
 from jobs.tasks import watch_idle_gpus
 from portal.core.models import AuditEvent
+from tests.factories import JobFactory
 
 # Stands in for nvidia-smi on this GPU-less machine: it prints the real captures of an H200
 # (shared/fixtures/nvidia-smi/h200) for the exact arguments the local backend runs;
@@ -110,12 +111,11 @@ def cluster(local_partition, exporter, lifecycle):
 def make_job(local_partition, grant, tenant, catalog):
     def make(user, backend_id: str, *, gpus: int = 2, **fields) -> Job:
         now = timezone.now()
-        return Job.objects.create(
-            tenant=tenant, submitted_by=user, name="train", scenario=catalog[0], gpu_model=catalog[1],
-            grant=grant, cluster=local_partition.cluster, partition=local_partition, gpus=gpus,
-            walltime_minutes=600, cpus_per_gpu=1, mem_per_gpu_mb=100, script="#!/bin/bash\n",
-            reserved_gpu_hours=Decimal(20), holds_gpus=True, state=JobState.RUNNING, backend_id=backend_id,
-            submitted_at=now - timedelta(hours=5), started_at=now - timedelta(hours=5), **fields,
+        return JobFactory(
+            grant=grant, partition=local_partition, submitted_by=user, name="train", gpus=gpus,
+            walltime_minutes=600, reserved_gpu_hours=Decimal(20), holds_gpus=True, state=JobState.RUNNING,
+            backend_id=backend_id, submitted_at=now - timedelta(hours=5), started_at=now - timedelta(hours=5),
+            **fields,
         )  # fmt: skip
 
     return make

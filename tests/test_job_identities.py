@@ -9,27 +9,32 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from clusters.models import Cluster, IdentityCheck, JobIdentity, Partition
+from clusters.models import IdentityCheck, JobIdentity
 from jobs.models import Job
 from jobs.services.limits import identities_record, tenant_limits
 from tenants.models import ClusterAccount, Profile, Role
 from tenants.selectors import job_identity_of, tenant_identities
 from tests.browser import browser_page, log_in, screenshot
 from tests.conftest import join
+from tests.factories import ClusterFactory, PartitionFactory
 from tests.jobs_support import JOB
 
 
 @pytest.fixture
 def slurm(catalog):
     """A Slurm cluster of the catalog's GPU model, per tenant by default, its login node nowhere."""
-    cluster = Cluster.objects.create(
+    cluster = ClusterFactory(
         slug="hpc", name="HPC", kind="slurm", ssh_host="192.0.2.1", ssh_user="gpuportal",
-        scratch_root="/shared/portal-jobs", healthy=True,
+        scratch_root="/shared/portal-jobs",
     )  # fmt: skip
-    Partition.objects.create(
-        cluster=cluster, name="gpu", gpu_model=catalog[1], gpus_per_node=8, nodes=2, max_walltime_minutes=600,
-        max_cpus_per_gpu=1, max_mem_per_gpu_mb=1000,
-    )  # fmt: skip
+    PartitionFactory(
+        cluster=cluster,
+        name="gpu",
+        gpu_model=catalog[1],
+        nodes=2,
+        max_cpus_per_gpu=1,
+        max_mem_per_gpu_mb=1000,
+    )
     return cluster
 
 

@@ -4,15 +4,13 @@ container's command as a local process)."""
 
 import time
 from collections.abc import Iterator
-from datetime import timedelta
-from decimal import Decimal
 
 import pytest
-from django.utils import timezone
 
-from clusters.models import Cluster, Partition
+from clusters.models import Cluster
 from jobs.services import tenant_apply
 from tenants.models import QuotaGrant
+from tests.factories import ClusterFactory, PartitionFactory
 from tests.jobs_support import api_submit, follow
 from tests.k8s_apiserver import FakeApiServer
 
@@ -36,20 +34,14 @@ def api() -> Iterator[FakeApiServer]:
 
 
 @pytest.fixture
-def k8s(transactional_db, api, catalog, tenant) -> Cluster:
+def k8s(transactional_db, api, catalog, tenant, grant) -> Cluster:
     """A Kubernetes cluster with an H100 node pool, and the tenant's namespace applied."""
-    cluster = Cluster.objects.create(
+    cluster = ClusterFactory(
         slug="k8s", name="Kubernetes", kind="kubernetes", k8s_api_url=api.url, k8s_token=TOKEN, healthy=True
     )
-    Partition.objects.create(
-        cluster=cluster, name=H100, gpu_model=catalog[1], gpus_per_node=8, nodes=2, max_walltime_minutes=600,
-        max_cpus_per_gpu=1, max_mem_per_gpu_mb=1000,
-    )  # fmt: skip
-    today = timezone.localdate()
-    QuotaGrant.objects.create(
-        tenant=tenant, scenario=catalog[0], gpu_model=catalog[1], gpus=4, gpu_hours=Decimal(100),
-        starts_on=today, ends_on=today + timedelta(days=30),
-    )  # fmt: skip
+    PartitionFactory(
+        cluster=cluster, name=H100, gpu_model=catalog[1], nodes=2, max_cpus_per_gpu=1, max_mem_per_gpu_mb=1000
+    )
     tenant_apply(tenant_id=tenant.pk, cluster_id=cluster.pk)
     return cluster
 

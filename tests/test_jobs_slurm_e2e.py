@@ -7,7 +7,6 @@ import sys
 import time
 import uuid
 from datetime import timedelta
-from decimal import Decimal
 
 import pytest
 from django.utils import timezone
@@ -21,6 +20,7 @@ from jobs.tasks import sweep_jobs
 from portal.celery import app
 from tenants.models import QuotaGrant, Role, Tenant
 from tests.conftest import ROOT, database_url_of_test_db, join, start_celery_worker, stop
+from tests.factories import QuotaGrantFactory
 from tests.jobs_support import api_submit
 from tests.jobs_support import follow as follow_job
 
@@ -38,10 +38,7 @@ def slurm_tenant(testbed, catalog):
     """A tenant of its own per test (Slurm accounts outlive the test database), applied to Slurm."""
     tenant = Tenant.objects.create(slug=f"e2e-{uuid.uuid4().hex[:8]}", name="E2E")
     user = join(tenant, f"{tenant.slug}-member", Role.MEMBER)
-    QuotaGrant.objects.create(
-        tenant=tenant, scenario=catalog[0], gpu_model=catalog[1], gpus=4, gpu_hours=Decimal(100),
-        starts_on=TODAY, ends_on=TODAY + timedelta(days=30),
-    )  # fmt: skip
+    QuotaGrantFactory(tenant=tenant, pair=catalog)
     tenant_apply(tenant_id=tenant.pk, cluster_id=testbed.pk)
     yield tenant, user
     config = cluster_config(testbed)

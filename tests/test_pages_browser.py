@@ -18,6 +18,7 @@ from tests.browser import (
     outside_the_browser,
     screenshot,
 )
+from tests.factories import JobFactory
 from tests.jobs_support import api_submit as submit
 
 TODAY = timezone.localdate()
@@ -25,10 +26,9 @@ TODAY = timezone.localdate()
 
 def queued_job(grant, partition, user) -> Job:
     """A QUEUED job row, as job_submit leaves it before dispatch, for pages that only read it."""
-    job = Job.objects.create(
-        tenant=grant.tenant, submitted_by=user, name="waiting", scenario=grant.scenario,
-        gpu_model=grant.gpu_model, grant=grant, cluster=partition.cluster, partition=partition, gpus=1,
-        walltime_minutes=5, cpus_per_gpu=1, mem_per_gpu_mb=1000, script="#!/bin/bash\n", reserved_gpu_hours=0,
+    job = JobFactory(
+        grant=grant, partition=partition, submitted_by=user, name="waiting", walltime_minutes=5,
+        mem_per_gpu_mb=1000, reserved_gpu_hours=0,
     )  # fmt: skip
     JobEvent.objects.create(job=job, to_state=JobState.QUEUED, reason="submitted")
     return job

@@ -5,7 +5,6 @@ and Chinese."""
 
 import os
 from datetime import timedelta
-from decimal import Decimal
 from html.parser import HTMLParser
 
 from django.db import connection
@@ -13,10 +12,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from clusters.models import Cluster, GpuModel, Partition
-from tenants.models import QuotaGrant
+from clusters.models import Cluster, GpuModel
 from tests.browser import browser_page, screenshot
-from tests.factories import PASSWORD
+from tests.factories import PASSWORD, ClusterFactory, PartitionFactory, QuotaGrantFactory
 
 # Playwright's sync API runs an event loop in this thread; the ORM calls happen before it.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -74,17 +72,14 @@ def gpu_model(slug: str = "test-a40", name: str = "Test A40") -> GpuModel:
 
 
 def slurm_cluster(slug: str = "hpc", *, model: GpuModel, **fields) -> Cluster:
-    cluster = Cluster.objects.create(
+    cluster = ClusterFactory(
         slug=slug, name=slug.upper(), kind="slurm", ssh_host="login.example.org", ssh_user="portal",
-        **({"healthy": True} | SECRETS | fields),
+        **(SECRETS | fields),
     )  # fmt: skip
-    Partition.objects.create(
-        cluster=cluster, name="gpu", gpu_model=model, gpus_per_node=8, nodes=4, gpus_free=12,
-        max_walltime_minutes=2 * 24 * 60,
-    )  # fmt: skip
-    Partition.objects.create(
-        cluster=cluster, name="debug", gpu_model=model, gpus_per_node=2, nodes=1, max_walltime_minutes=90
+    PartitionFactory(
+        cluster=cluster, name="gpu", gpu_model=model, nodes=4, gpus_free=12, max_walltime_minutes=2 * 24 * 60
     )
+    PartitionFactory(cluster=cluster, name="debug", gpu_model=model, gpus_per_node=2, max_walltime_minutes=90)
     return cluster
 
 
@@ -180,10 +175,14 @@ def test_partitions_of_a_gpu_model_the_teams_current_grants_cover_are_marked(
     slurm_cluster(model=a40)
     # An ended grant of this team and a current one of another team cover nothing here.
     for owner, ends_on in ((tenant, TODAY - timedelta(days=1)), (other_tenant, TODAY + timedelta(days=9))):
-        QuotaGrant.objects.create(
-            tenant=owner, scenario=catalog[0], gpu_model=a40, gpus=1, gpu_hours=Decimal(10),
-            starts_on=TODAY - timedelta(days=20), ends_on=ends_on,
-        )  # fmt: skip
+        QuotaGrantFactory(
+            tenant=owner,
+            gpu_model=a40,
+            gpus=1,
+            gpu_hours=10,
+            starts_on=TODAY - timedelta(days=20),
+            ends_on=ends_on,
+        )
     rows = rows_of(web(member).get(URL).content.decode())
     assert rows["partition-local-local"][1] == catalog[1].name  # the grant's model: H100
     assert rows["partition-local-local"][-1] == "✓ Your team's grants cover this"

@@ -14,30 +14,21 @@ from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from clusters.models import Cluster, Partition
 from jobs.models import Job, JobEvent, JobState
 from jobs.states import END_STATES
 from tenants.models import QuotaGrant, Role
 from tests.conftest import join
+from tests.factories import ClusterFactory, JobFactory, PartitionFactory
 
-TODAY = timezone.localdate()
-
-
-@pytest.fixture
-def grant(tenant, catalog):
-    return QuotaGrant.objects.create(
-        tenant=tenant, scenario=catalog[0], gpu_model=catalog[1], gpus=4, gpu_hours=Decimal(100),
-        starts_on=TODAY, ends_on=TODAY + timedelta(days=30), gpus_in_use=2, gpu_hours_used=Decimal("12.5"),
-    )  # fmt: skip
+# The grant fixture's grant: 2 of its 4 GPUs in use, 12.5 of its 100 GPU-hours used.
+pytestmark = pytest.mark.grant(gpus_in_use=2, gpu_hours_used=Decimal("12.5"))
 
 
 def make_job(grant, partition, user, *, state=JobState.QUEUED, name="hello", **fields) -> Job:
     """A job row as the services leave it: page tests read it, they do not run it."""
-    job = Job.objects.create(
-        tenant=grant.tenant, submitted_by=user, name=name, scenario=grant.scenario, gpu_model=grant.gpu_model,
-        grant=grant, cluster=partition.cluster, partition=partition, gpus=2, walltime_minutes=5,
-        cpus_per_gpu=1, mem_per_gpu_mb=1000, script="#!/bin/bash\necho hi\n", reserved_gpu_hours=Decimal("0.17"),
-        state=state, **fields,
+    job = JobFactory(
+        grant=grant, partition=partition, submitted_by=user, name=name, gpus=2, walltime_minutes=5,
+        mem_per_gpu_mb=1000, script="#!/bin/bash\necho hi\n", state=state, **fields,
     )  # fmt: skip
     if state not in END_STATES:  # the ledger holds what an unfinished job reserved
         QuotaGrant.objects.filter(pk=grant.pk).update(
@@ -222,14 +213,9 @@ def test_an_unreadable_log_is_a_message_in_the_page(web, member, grant, local_pa
     state = Path(settings.VAR_DIR) / "local-cluster" / "unreadable"
     state.parent.mkdir(parents=True, exist_ok=True)
     state.write_text("not a directory")
-    cluster = Cluster.objects.create(slug="unreadable", name="Unreadable", kind="local", local_gpus=1)
-    partition = Partition.objects.create(
-        cluster=cluster,
-        name="local",
-        gpu_model=grant.gpu_model,
-        gpus_per_node=1,
-        nodes=1,
-        max_walltime_minutes=60,
+    cluster = ClusterFactory(slug="unreadable", local_gpus=1, healthy=False)
+    partition = PartitionFactory(
+        cluster=cluster, gpu_model=grant.gpu_model, gpus_per_node=1, max_walltime_minutes=60
     )
     try:
         job = make_job(grant, partition, member, state=JobState.RUNNING, backend_id="local-1")

@@ -7,7 +7,8 @@ import pytest
 from django.utils import timezone
 from django.utils.html import escape
 
-from tenants.models import QuotaGrant, QuotaRequest, RequestState
+from tenants.models import QuotaRequest, RequestState
+from tests.factories import QuotaGrantFactory, QuotaRequestFactory
 
 TODAY = timezone.localdate()
 URL = "/t/protein-lab/quota/"
@@ -22,17 +23,13 @@ def body(**overrides) -> dict:
 
 
 def make_request(tenant, catalog, **fields) -> QuotaRequest:
-    return QuotaRequest.objects.create(
-        tenant=tenant, scenario=catalog[0], gpu_model=catalog[1], gpus=4, gpu_hours=Decimal(100),
-        starts_on=TODAY, ends_on=TODAY + timedelta(days=10), justification="x", **fields,
-    )  # fmt: skip
+    return QuotaRequestFactory(
+        tenant=tenant, pair=catalog, gpus=4, gpu_hours=100, days=10, justification="x", **fields
+    )
 
 
 def test_the_page_shows_grants_requests_with_notes_and_the_scenarios_ranking(web, manager, tenant, catalog):
-    QuotaGrant.objects.create(
-        tenant=tenant, scenario=catalog[0], gpu_model=catalog[1], gpus=4, gpu_hours=Decimal(100),
-        starts_on=TODAY, ends_on=TODAY + timedelta(days=30),
-    )  # fmt: skip
+    QuotaGrantFactory(tenant=tenant, pair=catalog)
     make_request(tenant, catalog, state=RequestState.REJECTED, decision_note="Ask for fewer hours.")
     pending = make_request(tenant, catalog)
     page = web(manager).get(f"{URL}?scenario=ai-training").content.decode()

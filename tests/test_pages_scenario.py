@@ -22,7 +22,7 @@ from tests.browser import (
     outside_the_browser,
     screenshot,
 )
-from tests.factories import PASSWORD
+from tests.factories import PASSWORD, JobFactory
 
 TODAY = timezone.localdate()
 
@@ -89,11 +89,10 @@ def earlier_weeks(job: Job) -> None:
     history = ((13, 1.5), (11, 2), (9, 1), (8, 2.5), (6, 1), (4, 2), (2, 1), (1, 1))
     QuotaGrant.objects.filter(pk=job.grant_id).update(gpu_hours_used=F("gpu_hours_used") + 12)
     for days_ago, hours in history:
-        Job.objects.create(
-            tenant=job.tenant, submitted_by=job.submitted_by, name=f"train-{days_ago}", scenario=job.scenario,
-            gpu_model=job.gpu_model, grant=job.grant, cluster=job.cluster, partition=job.partition, gpus=1,
-            walltime_minutes=600, cpus_per_gpu=1, mem_per_gpu_mb=1000, script="#!/bin/bash\n", reserved_gpu_hours=0,
-            state=JobState.COMPLETED, finished_at=now - timedelta(days=days_ago), gpu_hours=hours,
+        JobFactory(
+            grant=job.grant, partition=job.partition, submitted_by=job.submitted_by, name=f"train-{days_ago}",
+            walltime_minutes=600, mem_per_gpu_mb=1000, reserved_gpu_hours=0, state=JobState.COMPLETED,
+            finished_at=now - timedelta(days=days_ago), gpu_hours=hours,
         )  # fmt: skip
 
 

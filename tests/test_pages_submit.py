@@ -1,14 +1,13 @@
 """The submit page /t/<slug>/jobs/new/: a form by scenario that calls jobs.services.job_submit."""
 
 from datetime import timedelta
-from decimal import Decimal
 
 import pytest
 from django.utils import timezone
 
 from clusters.models import GpuModel
 from jobs.models import Job, JobState
-from tenants.models import QuotaGrant
+from tests.factories import QuotaGrantFactory
 
 TODAY = timezone.localdate()
 URL = "/t/protein-lab/jobs/new/"
@@ -26,8 +25,8 @@ def test_the_form_offers_only_the_gpu_models_of_the_tenants_active_grants(
     web, member, grant, local_partition
 ):
     other = GpuModel.objects.exclude(pk=grant.gpu_model_id).first()
-    QuotaGrant.objects.create(  # expired: not offered
-        tenant=grant.tenant, scenario=grant.scenario, gpu_model=other, gpus=4, gpu_hours=Decimal(10),
+    QuotaGrantFactory(  # expired: not offered
+        tenant=grant.tenant, scenario=grant.scenario, gpu_model=other, gpus=4, gpu_hours=10,
         starts_on=TODAY - timedelta(days=30), ends_on=TODAY - timedelta(days=1),
     )  # fmt: skip
     page = web(member).get(f"{URL}?scenario=ai-training").content.decode()

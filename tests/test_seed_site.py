@@ -13,11 +13,11 @@ from django.core.management.base import CommandError
 from django.db import connection
 from rest_framework.test import APIClient
 
-from clusters.models import Cluster, GpuModel, Partition
+from clusters.models import GpuModel
 from jobs.seeding.timelines import FAKE_BACKEND_ID_BASE
 from jobs.states import END_STATES, check_move
 from tenants.models import Tenant
-from tests.factories import TenantFactory, catalog_pair
+from tests.factories import ClusterFactory, PartitionFactory, TenantFactory, catalog_pair
 
 pytestmark = pytest.mark.django_db
 
@@ -31,9 +31,9 @@ def testbed_cluster(db):
     asks Slurm, so the testbed itself need not answer."""
     assert connection.vendor == "postgresql", "seed_site writes with COPY: a PostgreSQL test"
     catalog_pair()
-    cluster = Cluster.objects.create(slug="testbed", name="Slurm testbed", kind="slurm", healthy=True)
+    cluster = ClusterFactory(slug="testbed", name="Slurm testbed", kind="slurm")
     for name, model in (("h100", "h100-80gb"), ("a100", "a100-80gb")):
-        Partition.objects.create(
+        PartitionFactory(
             cluster=cluster, name=name, gpu_model=GpuModel.objects.get(slug=model), gpus_per_node=4, nodes=2,
             max_walltime_minutes=24 * 60, max_cpus_per_gpu=1, max_mem_per_gpu_mb=1000,
         )  # fmt: skip

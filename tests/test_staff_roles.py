@@ -26,8 +26,8 @@ from portal.core.staff import (
     is_platform_admin,
     sees_all_tenants,
 )
-from tenants.models import QuotaGrant, QuotaRequest, RequestState, Tier
-from tests.factories import UserFactory
+from tenants.models import QuotaGrant, RequestState, Tier
+from tests.factories import JobFactory, QuotaGrantFactory, QuotaRequestFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -75,32 +75,23 @@ def job(make_job, owner):
 @pytest.fixture
 def their_job(job, other_tenant, outsider):
     """A QUEUED job of the other tenant, on the same partition, under a grant of its own."""
-    grant = QuotaGrant.objects.create(
-        tenant=other_tenant, scenario=job.scenario, gpu_model=job.gpu_model, gpus=2, gpu_hours=Decimal(50),
-        starts_on=TODAY, ends_on=TODAY + timedelta(days=9), gpu_hours_reserved=Decimal("0.17"),
+    grant = QuotaGrantFactory(
+        tenant=other_tenant, pair=(job.scenario, job.gpu_model), gpus=2, gpu_hours=50, days=9,
+        gpu_hours_reserved=Decimal("0.17"),
     )  # fmt: skip
-    return Job.objects.create(
-        tenant=other_tenant, submitted_by=outsider, name="theirs", scenario=job.scenario, gpu_model=job.gpu_model,
-        grant=grant, cluster=job.cluster, partition=job.partition, gpus=1, walltime_minutes=10, cpus_per_gpu=1,
-        mem_per_gpu_mb=100, script=SCRIPT, env=ENV, reserved_gpu_hours=Decimal("0.17"),
-    )  # fmt: skip
-
-
-def make_request(tenant, catalog, **overrides) -> QuotaRequest:
-    scenario, gpu_model = catalog
-    fields = {"tenant": tenant, "scenario": scenario, "gpu_model": gpu_model, "gpus": 8, "gpu_hours": Decimal(500),
-              "starts_on": TODAY, "ends_on": TODAY + timedelta(days=60), "justification": "Protein LM"}  # fmt: skip
-    return QuotaRequest.objects.create(**fields | overrides)
+    return JobFactory(
+        grant=grant, partition=job.partition, submitted_by=outsider, name="theirs", script=SCRIPT, env=ENV
+    )
 
 
 @pytest.fixture
 def pending(tenant, catalog):
-    return make_request(tenant, catalog)
+    return QuotaRequestFactory(tenant=tenant)
 
 
 @pytest.fixture
 def their_pending(other_tenant, catalog):
-    return make_request(other_tenant, catalog)
+    return QuotaRequestFactory(tenant=other_tenant)
 
 
 def approve(client, quota_request):
@@ -415,7 +406,7 @@ def test_support_lists_cost_the_same_queries_for_1_and_20_rows(
             copy = Job.objects.get(pk=job.pk)
             copy.pk, copy.token = None, Job._meta.get_field("token").default()
             copy.save()
-            make_request(TenantFactory(), catalog)
+            QuotaRequestFactory(tenant=TenantFactory())
             audit_record(actor=None, action="test.row", target=job, tenant=tenant)
 
     more(1)

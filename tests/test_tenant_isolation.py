@@ -4,14 +4,13 @@ Each answer is checked against the role table below: the own tenant answers by r
 tenant answers 404 as if its objects did not exist (or, for a slug in a body, 400 naming it)."""
 
 from datetime import timedelta
-from decimal import Decimal
 
 import pytest
 from django.utils import timezone
 
-from tenants.models import QuotaGrant, QuotaRequest, Role, Tenant
+from tenants.models import Role, Tenant
 from tests.conftest import join
-from tests.factories import UserFactory, catalog_pair
+from tests.factories import QuotaGrantFactory, QuotaRequestFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -41,23 +40,13 @@ ACTIONS = {
 @pytest.fixture
 def world(admin_user):
     """Two tenants, each with a member to act on, a pending request and a grant."""
-    scenario, gpu_model = catalog_pair()
     UserFactory(username="newbie")
     objects = {}
     for slug in ("team-a", "team-b"):
         tenant = Tenant.objects.create(slug=slug, name=slug)
         join(tenant, f"{slug}-target", Role.MEMBER)
-        common = {
-            "tenant": tenant,
-            "scenario": scenario,
-            "gpu_model": gpu_model,
-            "gpus": 2,
-            "starts_on": TODAY,
-        }
-        request = QuotaRequest.objects.create(
-            **common, gpu_hours=Decimal(10), ends_on=TODAY + timedelta(days=9), justification="j"
-        )
-        grant = QuotaGrant.objects.create(**common, gpu_hours=Decimal(10), ends_on=TODAY + timedelta(days=9))
+        request = QuotaRequestFactory(tenant=tenant, gpus=2, gpu_hours=10, days=9, justification="j")
+        grant = QuotaGrantFactory(tenant=tenant, gpus=2, gpu_hours=10, days=9)
         objects[slug] = {"t": slug, "req": request.pk, "grant": grant.pk, "tenant": tenant}
     return objects
 

@@ -1,17 +1,14 @@
 """Every list endpoint of tenants and quota costs the same queries at 1 row and at 20."""
 
-from datetime import timedelta
-from decimal import Decimal
-
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from portal.core.services import audit_record
-from tenants.models import QuotaGrant, QuotaRequest, Role
+from tenants.models import Role
 from tenants.services import membership_add
-from tests.factories import TenantFactory, UserFactory, catalog_pair
+from tests.factories import QuotaGrantFactory, QuotaRequestFactory, TenantFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -20,24 +17,23 @@ BUDGET = 6  # token, token touch at most, visibility subquery, page, plus the en
 
 
 def add_rows(kind: str, tenant, admin, n: int) -> None:
-    scenario, gpu_model = catalog_pair()
-    common = {"tenant": tenant, "scenario": scenario, "gpu_model": gpu_model, "gpus": 1, "starts_on": TODAY}
     for _ in range(n):
         if kind == "tenants":
             membership_add(actor=None, tenant=TenantFactory(), user=admin, role=Role.VIEWER)
         elif kind == "members":
             membership_add(actor=None, tenant=tenant, user=UserFactory(), role=Role.MEMBER)
         elif kind == "quota-requests":
-            QuotaRequest.objects.create(
-                **common,
-                gpu_hours=Decimal(1),
-                ends_on=TODAY,
+            QuotaRequestFactory(
+                tenant=tenant,
+                gpus=1,
+                gpu_hours=1,
+                days=0,
                 justification="j",
                 requested_by=admin,
                 decided_by=admin,
             )
         elif kind == "quotas":
-            QuotaGrant.objects.create(**common, gpu_hours=Decimal(1), ends_on=TODAY + timedelta(days=1))
+            QuotaGrantFactory(tenant=tenant, gpus=1, gpu_hours=1, days=1)
         elif kind == "audit":
             audit_record(actor=admin, action="test", target=tenant, tenant=tenant)
 
