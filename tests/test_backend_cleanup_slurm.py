@@ -20,7 +20,7 @@ import pytest
 from clusters.backends import backend_for, base
 from clusters.backends.base import BackendError, JobSpec, PurgeReport
 from clusters.backends.slurm import SlurmBackend
-from tests.test_backend_cleanup_local import (
+from tests.scratch_support import (
     PURGE_DAYS,
     assert_purged,
     assert_untouched,

@@ -21,39 +21,13 @@ from clusters.backends.base import (
     BackendError,
     ClusterConfig,
     JobRef,
-    JobSpec,
     TenantLimits,
 )
 from clusters.backends.local import LocalBackend, detect_gpus, parse_nvidia_smi_list
+from tests.conftest import ROOT
+from tests.local_support import SLEEPER, group_members, job_spec, make_backend, wait_until_gone
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nvidia-smi" / "h200"
-SLEEPER = 'echo "gpus=$CUDA_VISIBLE_DEVICES"; sleep 60\n'
-
-
-def make_backend(state_dir: Path, *, gpus: int = 4, **kwargs) -> LocalBackend:
-    config = ClusterConfig(slug="local", kind="local", local_gpus=gpus, state_dir=str(state_dir))
-    return LocalBackend(config, grace_s=kwargs.pop("grace_s", 2), **kwargs)
-
-
-def job_spec(token: str, script: str, *, gpus: int = 1, **fields) -> JobSpec:
-    values = {
-        "token": token,
-        "name": f"job {token}",
-        "account": "team-a",
-        "qos": "portal-normal",
-        "priority": "normal",
-        "partition": "local",
-        "gpu_type": "local",
-        "k8s_resource": "",
-        "k8s_product": "",
-        "gpus_per_node": gpus,
-        "nodes": 1,
-        "walltime_minutes": 60,
-        "script": script,
-        "env": {},
-    }
-    return JobSpec(**{**values, **fields})
+FIXTURES = ROOT.parent / "shared" / "fixtures" / "nvidia-smi" / "h200"
 
 
 def wait_for_state(backend: LocalBackend, backend_id: str, states: set[str], *, timeout_s: float = 20):
@@ -77,27 +51,6 @@ def wait_for_gpus(backend: LocalBackend, backend_id: str, token: str, *, timeout
             return set(lines[0].removeprefix("gpus=").split(","))
         time.sleep(0.05)
     raise AssertionError(f"{backend_id} printed no GPUs within {timeout_s}s")
-
-
-def group_members(pgid: int, *, include_zombies: bool) -> list[int]:
-    members = []
-    for entry in Path("/proc").iterdir():
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and (include_zombies or fields[0] != "Z"):
-            members.append(int(entry.name))
-    return members
-
-
-def wait_until_gone(pgid: int, *, include_zombies: bool, timeout_s: float = 10) -> None:
-    deadline = time.monotonic() + timeout_s
-    while group_members(pgid, include_zombies=include_zombies):
-        assert time.monotonic() < deadline, (
-            f"process group {pgid} still has {group_members(pgid, include_zombies=True)}"
-        )
-        time.sleep(0.05)
 
 
 def pgid_of(state_dir: Path, token: str) -> int:
@@ -247,7 +200,7 @@ def test_concurrent_submits_from_threads_never_share_a_gpu(tmp_path):
 
 CHILD_SUBMITS = """
 import pathlib, sys, time
-from tests.test_backend_local import SLEEPER, job_spec, make_backend
+from tests.local_support import SLEEPER, job_spec, make_backend
 state_dir, prefix, go = pathlib.Path(sys.argv[1]), sys.argv[2], pathlib.Path(sys.argv[3])
 backend = make_backend(state_dir)
 (state_dir / ("ready-" + prefix)).touch()
@@ -349,7 +302,7 @@ def test_walltime_kills_the_job_as_timeout_even_if_it_ignores_sigterm(tmp_path):
 
 def test_a_new_instance_polls_and_cancels_a_job_another_process_started(tmp_path):
     code = (
-        "import sys; from tests.test_backend_local import SLEEPER, job_spec, make_backend\n"
+        "import sys; from tests.local_support import SLEEPER, job_spec, make_backend\n"
         "print(make_backend(sys.argv[1]).submit(job_spec('orphan', SLEEPER)), flush=True)\n"
     )
     child = run_child(code, str(tmp_path))
@@ -369,7 +322,7 @@ def test_a_new_instance_polls_and_cancels_a_job_another_process_started(tmp_path
 
 def test_the_exit_code_is_recorded_after_the_starting_worker_is_killed(tmp_path):
     code = (
-        "import sys, time; from tests.test_backend_local import job_spec, make_backend\n"
+        "import sys, time; from tests.local_support import job_spec, make_backend\n"
         "print(make_backend(sys.argv[1]).submit(job_spec('survivor', 'sleep 1\\nexit 7\\n')), flush=True)\n"
         "time.sleep(60)\n"
     )

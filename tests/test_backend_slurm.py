@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import base64
 import re
-import shutil
 import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -32,49 +30,21 @@ from clusters.backends.base import (
 )
 from clusters.backends.slurm import SlurmBackend, ssh
 from clusters.backends.slurm.accounts import TIERS
+from tests.slurm_support import (
+    JOB_TIMEOUT_S,
+    POLL_S,
+    delete_account,
+    job_spec,
+    remove_local,
+    status_of,
+    wait_for_end,
+)
 from tests.testbed.env import testbed_config as make_config
 from tests.testbed.env import testbed_env
-
-POLL_S = 0.5
-JOB_TIMEOUT_S = 60
+from tests.wait_support import wait_until
 
 
 # ------------------------------------------------------------------ helpers --
-def wait_until(description: str, probe: Callable, timeout: float = JOB_TIMEOUT_S):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(POLL_S)
-    raise AssertionError(f"timed out after {timeout}s waiting for {description} (last: {last!r})")
-
-
-def job_spec(script: str, **overrides) -> JobSpec:
-    values = {
-        "token": uuid.uuid4().hex,
-        "name": "portal-test",
-        "account": testbed_env()["SLURM_TESTBED_ACCOUNT"],
-        "user": testbed_env()["SLURM_TESTBED_IDENTITY"],
-        "qos": "normal",
-        "priority": "normal",
-        "partition": "h100",
-        "gpu_type": "h100",
-        "k8s_resource": "nvidia.com/gpu",
-        "k8s_product": "",
-        "gpus_per_node": 1,
-        "nodes": 1,
-        "walltime_minutes": 2,
-        "script": "#!/bin/bash\nset -eu\n" + script.strip() + "\n",
-        "env": {},
-        "cpus_per_gpu": 1,
-        "mem_per_gpu_mb": 100,
-    }
-    values.update(overrides)
-    return JobSpec(**values)
-
-
 def scontrol_job(job_id: str) -> dict[str, str]:
     """Slurm's own record of the job (scontrol as root on this machine): what sbatch was given."""
     text = subprocess.run(
@@ -83,47 +53,10 @@ def scontrol_job(job_id: str) -> dict[str, str]:
     return dict(word.split("=", 1) for word in text.split() if "=" in word)
 
 
-def remove_local(path: str) -> None:
-    """An identity's file or tree, removed as root (the service user may not, by design)."""
-    target = Path(path)
-    if target.is_dir() and not target.is_symlink():
-        shutil.rmtree(target, ignore_errors=True)
-    else:
-        target.unlink(missing_ok=True)
-
-
-def status_of(backend: SlurmBackend, job_id: str) -> base.JobStatus | None:
-    return backend.poll([job_id]).get(job_id)
-
-
-def wait_for_end(backend: SlurmBackend, job_id: str, timeout: float = JOB_TIMEOUT_S) -> base.JobStatus:
-    def ended():
-        status = status_of(backend, job_id)
-        return status if status is not None and status.state in base.END_STATES else None
-
-    return wait_until(f"job {job_id} to end", ended, timeout)
-
-
 def remote_exists(backend: SlurmBackend, path: str) -> bool:
     result = backend.run(["test", "-e", path])
     assert result.rc in (0, 1), result
     return result.rc == 0
-
-
-def delete_account(backend: SlurmBackend, account: str) -> None:
-    """Cancel the account's jobs, wait until slurmctld lets go of them, delete the account."""
-    backend.run(["scancel", "--account", account])
-    wait_until(
-        f"jobs of {account} to leave the queue",
-        lambda: not backend.check(["squeue", "-h", "-A", account, "-o", "%i"]).strip(),
-        timeout=30,
-    )
-    wait_until(
-        f"account {account} to be deleted",
-        lambda: backend.run(["sacctmgr", "-i", "delete", "account", f"name={account}"]).rc == 0,
-        timeout=30,
-    )
-    assert not backend.check(["sacctmgr", "-n", "-P", "show", "account", account, "format=account"]).strip()
 
 
 def read_assoc(backend: SlurmBackend, account: str) -> list[str]:
@@ -201,7 +134,9 @@ def test_typed_gpu_job_is_found_polled_to_completion_and_logged(backend, jobs):
         assert status.state in (base.PENDING, base.RUNNING, base.COMPLETED), status
         return status if status.state == base.COMPLETED else None
 
-    status = wait_until(f"job {job_id} to complete", completed)
+    status = wait_until(
+        completed, timeout_s=JOB_TIMEOUT_S, interval_s=POLL_S, what=f"job {job_id} to complete"
+    )
     assert seen[0] in (base.PENDING, base.RUNNING), seen
     assert status.raw_state == "COMPLETED" and status.exit_code == 0
     assert status.node_list
@@ -227,7 +162,10 @@ def test_find_in_accounting_matches_the_submit_line(backend, jobs):
     jobs.append((job_id, spec))
     owners = {spec.token: (spec.account, spec.user)}
     accounted = wait_until(
-        "slurmdbd to record the job", lambda: backend._accounted_ids(owners).get(spec.token)
+        lambda: backend._accounted_ids(owners).get(spec.token),
+        timeout_s=JOB_TIMEOUT_S,
+        interval_s=POLL_S,
+        what="slurmdbd to record the job",
     )
     assert accounted == [job_id]
 
@@ -251,7 +189,12 @@ def test_cancelled_job_ends_cancelled_and_cancel_again_is_harmless(backend, jobs
     spec = job_spec("sleep 120")
     job_id = backend.submit(spec)
     jobs.append((job_id, spec))
-    wait_until(f"job {job_id} to run", lambda: status_of(backend, job_id).state == base.RUNNING)
+    wait_until(
+        lambda: status_of(backend, job_id).state == base.RUNNING,
+        timeout_s=JOB_TIMEOUT_S,
+        interval_s=POLL_S,
+        what=f"job {job_id} to run",
+    )
     backend.cancel(job_id, user=spec.user)
     assert backend.commands[-1][:6] == ["sudo", "-n", "-u", spec.user, "--", "scancel"]
     status = wait_for_end(backend, job_id, timeout=30)
@@ -318,14 +261,24 @@ def test_tenant_gpu_limit_holds_the_second_job(backend, portal_tiers):
             "sleep 60", account=account, user=user, qos="portal-normal", partition="a100", gpu_type="a100"
         )
         first = backend.submit(replace(spec, gpus_per_node=2))  # usable at once: no retry
-        wait_until(f"job {first} to run", lambda: status_of(backend, first).state == base.RUNNING)
+        wait_until(
+            lambda: status_of(backend, first).state == base.RUNNING,
+            timeout_s=JOB_TIMEOUT_S,
+            interval_s=POLL_S,
+            what=f"job {first} to run",
+        )
         second = backend.submit(replace(spec, token=uuid.uuid4().hex, gpus_per_node=2))
 
         def held_by_limit():
             status = status_of(backend, second)
             return status if status.reason.startswith("AssocGrp") else None
 
-        status = wait_until(f"job {second} to wait on the account's limit", held_by_limit, timeout=30)
+        status = wait_until(
+            held_by_limit,
+            timeout_s=30,
+            interval_s=POLL_S,
+            what=f"job {second} to wait on the account's limit",
+        )
         assert (status.state, status.reason) == (base.PENDING, "AssocGrpGRES"), status
         assert status_of(backend, first).state == base.RUNNING
     finally:

@@ -21,11 +21,13 @@ from jobs.services import job_dispatch, retention_apply, scratch_purge
 from portal.celery import app
 from portal.core.models import AuditEvent
 from tests import test_cleanup_services as local
+from tests.cleanup_support import end_grant, submit, wait_for
 from tests.factories import TenantFactory
-from tests.test_cleanup_services import end_grant, submit, wait_for
 
 # The local cluster's fixtures, shared with the services' tests.
-cluster, broken_cluster, big_grant = local.cluster, local.broken_cluster, local.big_grant
+cluster, broken_cluster = local.cluster, local.broken_cluster
+
+pytestmark = pytest.mark.grant(gpus=8)  # the grant fixture's grant
 
 ROOT = Path(__file__).resolve().parent.parent
 DAY_S = 86_400
@@ -104,7 +106,7 @@ def run_to_end(job: Job) -> Job:
     return job
 
 
-def test_old_timelines_keep_their_first_and_last_event(settings, member, tenant, catalog, cluster, big_grant):
+def test_old_timelines_keep_their_first_and_last_event(settings, member, tenant, catalog, cluster, grant):
     settings.JOB_EVENT_RETENTION_DAYS = 365
     old = run_to_end(submit(member, tenant, catalog, script="#!/bin/bash\ntrue\n"))
     recent = run_to_end(submit(member, tenant, catalog, script="#!/bin/bash\ntrue\n"))
@@ -138,7 +140,7 @@ def test_old_timelines_keep_their_first_and_last_event(settings, member, tenant,
 
 
 def test_retention_deletes_the_scheduler_records_of_jobs_ended_long_enough_ago(
-    settings, broken_cluster, member, tenant, catalog, cluster, big_grant
+    settings, broken_cluster, member, tenant, catalog, cluster, grant
 ):
     settings.JOB_LOG_RETENTION_DAYS = 0
     retention_apply()  # the records earlier runs of the suite left in this cluster's state directory
@@ -166,11 +168,9 @@ def test_retention_deletes_the_scheduler_records_of_jobs_ended_long_enough_ago(
 # --- The management command
 
 
-def test_the_cleanup_command_runs_one_service_and_prints_its_report(
-    member, tenant, catalog, cluster, big_grant
-):
+def test_the_cleanup_command_runs_one_service_and_prints_its_report(member, tenant, catalog, cluster, grant):
     job = submit(member, tenant, catalog)
-    end_grant(big_grant)
+    end_grant(grant)
     out = io.StringIO()
     call_command("cleanup", "end-grants", "--dry-run", stdout=out)
     header, body = out.getvalue().split("\n", 1)
@@ -179,7 +179,7 @@ def test_the_cleanup_command_runs_one_service_and_prints_its_report(
     assert (report["dry_run"], report["cancelled"], report["grants_ended"]) == (
         True,
         [job.pk],
-        [big_grant.pk],
+        [grant.pk],
     )
     job.refresh_from_db()
     assert job.state == JobState.QUEUED

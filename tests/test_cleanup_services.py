@@ -3,10 +3,8 @@ a real Celery worker where a cancel must reach the scheduler, no mocks. Each tes
 cluster of its own ("cleanup-local"), so that no other test's jobs hold its GPUs."""
 
 import threading
-import time
 import uuid
 from datetime import timedelta
-from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -15,18 +13,14 @@ from django.db import connection
 from django.utils import timezone
 
 from clusters.backends.base import JobSpec, JobStatus
-from clusters.models import Cluster, Partition
 from clusters.services import backend_of
 from jobs.models import Job, JobState
 from jobs.services import (
-    JobRequest,
     grants_end,
     job_dispatch,
     job_finish,
-    job_submit,
     jobs_admit,
     jobs_cap_walltime,
-    jobs_poll,
     orphans_find,
     tenants_hold_suspended,
 )
@@ -34,11 +28,14 @@ from jobs.states import END_STATES
 from jobs.tasks import cap_walltime
 from portal.core.models import AuditEvent
 from tenants.errors import TenantSuspended
-from tenants.models import QuotaGrant, TenantState
+from tenants.models import TenantState
 from tenants.services import tenant_update
+from tests.cleanup_support import LONG, end_grant, submit, wait_for
+from tests.factories import ClusterFactory, PartitionFactory
+
+pytestmark = pytest.mark.grant(gpus=8)  # the grant fixture's grant
 
 TODAY = timezone.localdate()
-LONG = "#!/bin/bash\nsleep 300\n"
 SHORT = "#!/bin/bash\nsleep 1\n"
 
 
@@ -49,13 +46,14 @@ SHORT = "#!/bin/bash\nsleep 1\n"
 def cluster(catalog):
     """A local cluster of 4 real GPUs whose partition declares 8, so that the portal admits two
     4-GPU jobs and the second waits in the local scheduler's own queue (PENDING)."""
-    cluster = Cluster.objects.create(
-        slug="cleanup-local", name="Cleanup", kind="local", local_gpus=4, healthy=True
+    cluster = ClusterFactory(slug="cleanup-local", name="Cleanup", local_gpus=4)
+    PartitionFactory(
+        cluster=cluster,
+        gpu_model=catalog[1],
+        max_walltime_minutes=60,
+        max_cpus_per_gpu=1,
+        max_mem_per_gpu_mb=1000,
     )
-    Partition.objects.create(
-        cluster=cluster, name="local", gpu_model=catalog[1], gpus_per_node=8, nodes=1, max_walltime_minutes=60,
-        max_cpus_per_gpu=1, max_mem_per_gpu_mb=1000,
-    )  # fmt: skip
     yield cluster
     backend = backend_of(cluster)
     for backend_id in (
@@ -70,39 +68,8 @@ def broken_cluster(db, tmp_path):
     path = Path(django_settings.VAR_DIR) / "local-cluster" / "cleanup-broken"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("not a directory")
-    yield Cluster.objects.create(
-        slug="cleanup-broken", name="Broken", kind="local", local_gpus=1, healthy=True
-    )
+    yield ClusterFactory(slug="cleanup-broken", name="Broken", local_gpus=1)
     path.unlink()
-
-
-@pytest.fixture
-def big_grant(tenant, catalog):
-    return QuotaGrant.objects.create(
-        tenant=tenant, scenario=catalog[0], gpu_model=catalog[1], gpus=8, gpu_hours=Decimal(100),
-        starts_on=TODAY, ends_on=TODAY + timedelta(days=30),
-    )  # fmt: skip
-
-
-def submit(user, tenant, catalog, *, gpus: int = 2, script: str = LONG) -> Job:
-    scenario, gpu_model = catalog
-    request = JobRequest(
-        tenant=tenant, scenario=scenario, gpu_model=gpu_model, gpus=gpus, walltime_minutes=30, name="cleanup",
-        script=script, cluster=Cluster.objects.get(slug="cleanup-local"),
-    )  # fmt: skip
-    return job_submit(user=user, request=request)[0]
-
-
-def wait_for(jobs: list[Job], until: set[str], timeout_s: float = 60) -> None:
-    """Poll the cluster, as beat would, until every job is in one of `until`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        jobs_poll(cluster_id=jobs[0].cluster_id)
-        states = dict(Job.objects.filter(pk__in=[job.pk for job in jobs]).values_list("pk", "state"))
-        if all(state in until for state in states.values()):
-            return
-        assert time.monotonic() < deadline, f"jobs still {states}, waiting for {until}"
-        time.sleep(0.3)
 
 
 def state_of(job: Job) -> tuple[str, str]:
@@ -117,12 +84,6 @@ def cancel_audits(job: Job) -> list[dict]:
 
 def reasons(job: Job) -> list[tuple[str, str]]:
     return list(job.events.values_list("to_state", "reason"))
-
-
-def end_grant(grant: QuotaGrant) -> None:
-    QuotaGrant.objects.filter(pk=grant.pk).update(
-        starts_on=TODAY - timedelta(days=10), ends_on=TODAY - timedelta(days=1)
-    )
 
 
 def three_jobs(member, tenant, catalog) -> tuple[Job, Job, Job]:
@@ -140,7 +101,7 @@ def three_jobs(member, tenant, catalog) -> tuple[Job, Job, Job]:
 
 
 def test_walltime_cap_cancels_only_the_job_running_past_the_cap(
-    celery_worker, member, tenant, catalog, cluster, big_grant
+    celery_worker, member, tenant, catalog, cluster, grant
 ):
     old = submit(member, tenant, catalog)
     young = submit(member, tenant, catalog)
@@ -168,25 +129,25 @@ def test_walltime_cap_cancels_only_the_job_running_past_the_cap(
 
 
 def test_an_ended_grant_cancels_waiting_jobs_and_leaves_running_ones_unless_told(
-    celery_worker, settings, member, tenant, catalog, cluster, big_grant
+    celery_worker, settings, member, tenant, catalog, cluster, grant
 ):
     settings.GRANT_END_CANCEL_RUNNING = False
     running, pending, queued = three_jobs(member, tenant, catalog)
-    end_grant(big_grant)
+    end_grant(grant)
     audits = AuditEvent.objects.count()
 
     dry = grants_end(dry_run=True)
     assert (dry.cancelled, dry.running_left, dry.grants_ended) == (
         [pending.pk, queued.pk],
         [running.pk],
-        [big_grant.pk],
+        [grant.pk],
     )
     assert [state_of(job)[0] for job in (running, pending, queued)] == ["RUNNING", "PENDING", "QUEUED"]
     assert AuditEvent.objects.count() == audits
 
     report = grants_end()
     assert (report.cancelled, report.running_left) == ([pending.pk, queued.pk], [running.pk])
-    assert (report.grants_ended, report.tenants_applied) == ([big_grant.pk], [tenant.pk])
+    assert (report.grants_ended, report.tenants_applied) == ([grant.pk], [tenant.pk])
     assert state_of(queued) == (JobState.CANCELLED, "grant_ended")  # never reached the scheduler
     wait_for([pending], END_STATES)
     assert state_of(pending)[0] == JobState.CANCELLED
@@ -194,7 +155,7 @@ def test_an_ended_grant_cancels_waiting_jobs_and_leaves_running_ones_unless_told
     for job, was in ((pending, "PENDING"), (queued, "QUEUED")):
         assert cancel_audits(job) == [{"actor": None, "state": was, "reason": "grant_ended"}]
     ended = AuditEvent.objects.get(action="grant.ended")
-    assert (ended.target_id, ended.tenant_slug, ended.actor_id) == (str(big_grant.pk), tenant.slug, None)
+    assert (ended.target_id, ended.tenant_slug, ended.actor_id) == (str(grant.pk), tenant.slug, None)
     assert f"ended on {TODAY - timedelta(days=1)}" in ended.data["message"]
     assert "left to finish" in ended.data["message"] and ended.data["running"] == [running.pk]
     assert state_of(running)[0] == JobState.RUNNING
@@ -207,15 +168,15 @@ def test_an_ended_grant_cancels_waiting_jobs_and_leaves_running_ones_unless_told
     assert grants_end().cancelled == [running.pk]
     wait_for([running], END_STATES)
     assert state_of(running)[0] == JobState.CANCELLED
-    big_grant.refresh_from_db()
-    assert (big_grant.gpus_in_use, big_grant.gpu_hours_reserved) == (0, 0)
+    grant.refresh_from_db()
+    assert (grant.gpus_in_use, grant.gpu_hours_reserved) == (0, 0)
 
 
 def test_two_runs_at_once_cancel_each_job_of_an_ended_grant_once(
-    transactional_db, member, tenant, catalog, cluster, big_grant
+    transactional_db, member, tenant, catalog, cluster, grant
 ):
     jobs = [submit(member, tenant, catalog, gpus=2) for _ in range(4)]  # admitted, never dispatched here
-    end_grant(big_grant)
+    end_grant(grant)
     reports, barrier = [], threading.Barrier(2)
 
     def run() -> None:
@@ -234,34 +195,30 @@ def test_two_runs_at_once_cancel_each_job_of_an_ended_grant_once(
     assert sorted(cancelled) == [job.pk for job in jobs]  # each by one run, none twice
     assert all(len(cancel_audits(job)) == 1 for job in jobs)
     assert AuditEvent.objects.filter(action="grant.ended").count() == 1
-    big_grant.refresh_from_db()
-    assert (big_grant.gpus_in_use, big_grant.gpu_hours_reserved) == (0, 0)
+    grant.refresh_from_db()
+    assert (grant.gpus_in_use, grant.gpu_hours_reserved) == (0, 0)
 
 
-def test_dispatch_refuses_a_job_whose_grant_ended_after_admission(
-    member, tenant, catalog, cluster, big_grant
-):
+def test_dispatch_refuses_a_job_whose_grant_ended_after_admission(member, tenant, catalog, cluster, grant):
     job = submit(member, tenant, catalog)  # admitted; its dispatch would follow on commit
     assert job.holds_gpus
-    end_grant(big_grant)
+    end_grant(grant)
     job_dispatch(job_id=job.pk)
     job.refresh_from_db()
     assert (job.state, job.reason, job.holds_gpus, job.backend_id) == ("QUEUED", "grant_ended", False, "")
     assert backend_of(cluster).find(job.token) is None
-    big_grant.refresh_from_db()
-    assert big_grant.gpus_in_use == 0
+    grant.refresh_from_db()
+    assert grant.gpus_in_use == 0
     assert grants_end().cancelled == [job.pk]
     assert state_of(job) == (JobState.CANCELLED, "grant_ended")
-    big_grant.refresh_from_db()
-    assert big_grant.gpu_hours_reserved == 0
+    grant.refresh_from_db()
+    assert grant.gpu_hours_reserved == 0
 
 
-def test_cleanup_dry_run_setting_makes_every_run_a_dry_run(
-    settings, member, tenant, catalog, cluster, big_grant
-):
+def test_cleanup_dry_run_setting_makes_every_run_a_dry_run(settings, member, tenant, catalog, cluster, grant):
     settings.CLEANUP_DRY_RUN = True
     job = submit(member, tenant, catalog)
-    end_grant(big_grant)
+    end_grant(grant)
     report = grants_end()
     assert (report.dry_run, report.cancelled) == (True, [job.pk])
     assert state_of(job)[0] == JobState.QUEUED
@@ -274,7 +231,7 @@ def test_cleanup_dry_run_setting_makes_every_run_a_dry_run(
 
 
 def test_a_suspended_tenant_gets_no_new_work_and_its_held_jobs_come_back(
-    celery_worker, settings, admin_user, member, tenant, catalog, cluster, big_grant
+    celery_worker, settings, admin_user, member, tenant, catalog, cluster, grant
 ):
     settings.SUSPENDED_CANCEL_RUNNING = False
     running, pending, queued = three_jobs(member, tenant, catalog)
@@ -304,7 +261,7 @@ def test_a_suspended_tenant_gets_no_new_work_and_its_held_jobs_come_back(
 
 
 def test_dispatch_refuses_a_job_whose_tenant_was_suspended_after_admission(
-    member, tenant, catalog, cluster, big_grant
+    member, tenant, catalog, cluster, grant
 ):
     job = submit(member, tenant, catalog)
     tenant.state = TenantState.SUSPENDED
@@ -318,8 +275,8 @@ def test_dispatch_refuses_a_job_whose_tenant_was_suspended_after_admission(
         "",
     )
     assert backend_of(cluster).find(job.token) is None
-    big_grant.refresh_from_db()
-    assert big_grant.gpus_in_use == 0
+    grant.refresh_from_db()
+    assert grant.gpus_in_use == 0
     assert tenants_hold_suspended().held == [job.pk]  # held, not cancelled: a suspension can end
 
 
@@ -335,7 +292,7 @@ def spec(token: str, account: str) -> JobSpec:
 
 
 def test_orphans_are_reported_once_and_cancelled_when_the_setting_says(
-    settings, broken_cluster, member, tenant, catalog, cluster, big_grant
+    settings, broken_cluster, member, tenant, catalog, cluster, grant
 ):
     assert broken_cluster.pk < cluster.pk  # the unreachable one comes first and stops nothing
     settings.ORPHAN_CANCEL = False

@@ -5,7 +5,6 @@ stopped (fault injection) is re-run, not skipped."""
 import time
 import uuid
 from datetime import timedelta
-from decimal import Decimal
 
 import pytest
 from django.utils import timezone
@@ -27,6 +26,9 @@ from jobs.states import END_STATES
 from portal.core.models import AuditEvent
 from tenants.models import QuotaGrant, Role, Tenant
 from tests.conftest import join
+from tests.factories import QuotaGrantFactory
+from tests.slurm_support import POLL_S
+from tests.wait_support import wait_until
 
 TODAY = timezone.localdate()
 
@@ -36,10 +38,7 @@ def slurm_tenant(testbed, catalog):
     """A tenant (and Slurm account) of its own: accounts outlive the test database."""
     tenant = Tenant.objects.create(slug=f"cleanup-{uuid.uuid4().hex[:8]}", name="Cleanup")
     user = join(tenant, f"{tenant.slug}-member", Role.MEMBER)
-    grant = QuotaGrant.objects.create(
-        tenant=tenant, scenario=catalog[0], gpu_model=catalog[1], gpus=4, gpu_hours=Decimal(100),
-        starts_on=TODAY, ends_on=TODAY + timedelta(days=30),
-    )  # fmt: skip
+    grant = QuotaGrantFactory(tenant=tenant, pair=catalog)
     tenant_apply(tenant_id=tenant.pk, cluster_id=testbed.pk)
     yield tenant, user, grant
     backend = backend_of(testbed)
@@ -60,14 +59,6 @@ def spec(token: str, account: str) -> JobSpec:
         walltime_minutes=5, script="#!/bin/bash\nsleep 300\n", env={}, cpus_per_gpu=1, mem_per_gpu_mb=100,
         user=f"pt-{account}",
     )  # fmt: skip
-
-
-def wait_until(what: str, probe, timeout_s: float = 60):
-    deadline = time.monotonic() + timeout_s
-    while not (found := probe()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
-    return found
 
 
 def test_an_sbatch_with_a_portal_token_the_portal_does_not_know_is_reported_and_cancelled(
@@ -94,7 +85,10 @@ def test_an_sbatch_with_a_portal_token_the_portal_does_not_know_is_reported_and_
     finally:
         backend.cancel(twin, user=f"pt-{tenant.slug}")
     wait_until(
-        "the twin to end", lambda: twin not in {j.backend_id for j in backend.list_jobs([tenant.slug])}
+        lambda: twin not in {j.backend_id for j in backend.list_jobs([tenant.slug])},
+        timeout_s=60,
+        interval_s=POLL_S,
+        what="the twin to end",
     )
 
     settings.ORPHAN_CANCEL = False
@@ -117,7 +111,10 @@ def test_an_sbatch_with_a_portal_token_the_portal_does_not_know_is_reported_and_
     assert f"testbed:{orphan}" in report.cancelled
     assert f"testbed:{known.backend_id}" not in report.cancelled
     ended = wait_until(
-        "the orphan to end", lambda: (s := backend.poll([orphan]).get(orphan)) and s.state in END_STATES and s
+        lambda: (s := backend.poll([orphan]).get(orphan)) and s.state in END_STATES and s,
+        timeout_s=60,
+        interval_s=POLL_S,
+        what="the orphan to end",
     )
     assert ended.state == "CANCELLED"
     assert backend.poll([known.backend_id])[known.backend_id].state in ("PENDING", "RUNNING")
@@ -144,7 +141,12 @@ def test_an_ended_grant_lowers_the_accounts_slurm_limits_and_cancels_its_jobs(
         script="#!/bin/bash\nsleep 300\n", cluster=testbed,
     )  # fmt: skip
     job = job_submit(user=user, request=request)[0]  # the worker dispatches it: sbatch over SSH
-    wait_until("the job to reach Slurm", lambda: Job.objects.get(pk=job.pk).backend_id)
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).backend_id,
+        timeout_s=60,
+        interval_s=POLL_S,
+        what="the job to reach Slurm",
+    )
     QuotaGrant.objects.filter(pk=grant.pk).update(
         starts_on=TODAY - timedelta(days=10), ends_on=TODAY - timedelta(days=1)
     )
@@ -156,13 +158,18 @@ def test_an_ended_grant_lowers_the_accounts_slurm_limits_and_cancels_its_jobs(
         [tenant.pk],
     )
     # apply_tenant ran on the worker: no active grant, so no GPU for the account any more
-    wait_until("GrpTRES to drop to 0", lambda: "gres/gpu=0" in grp_tres(testbed, tenant.slug))
+    wait_until(
+        lambda: "gres/gpu=0" in grp_tres(testbed, tenant.slug),
+        timeout_s=60,
+        interval_s=POLL_S,
+        what="GrpTRES to drop to 0",
+    )
 
     def ended() -> bool:
         jobs_poll(cluster_id=testbed.pk)
         return Job.objects.get(pk=job.pk).state in END_STATES
 
-    wait_until("the job to end", ended)
+    wait_until(ended, timeout_s=60, interval_s=POLL_S, what="the job to end")
     job.refresh_from_db()
     assert job.state == JobState.CANCELLED
     assert job.events.filter(to_state=JobState.CANCELLING, reason="grant_ended").exists()

@@ -13,8 +13,6 @@ import os
 import subprocess
 import time
 import uuid
-from datetime import timedelta
-from decimal import Decimal
 
 import paramiko
 import pytest
@@ -32,9 +30,10 @@ from jobs.models import Job, JobEvent, JobState
 from jobs.services import JobRequest, job_submit
 from jobs.tasks import poll_clusters, sweep_jobs
 from portal.celery import app
-from tenants.models import QuotaGrant
 from tests.conftest import stop
-from tests.faults_support import SilentPeer, start_worker, wait_until
+from tests.factories import ClusterFactory, PartitionFactory, QuotaGrantFactory
+from tests.faults_support import SilentPeer, start_worker
+from tests.wait_support import wait_until
 
 PERIOD_S = 10  # the poll period of this test's beat: JOB_POLL_INTERVAL_S's default
 SWEEP_S = 60  # beat's sweep period (CELERY_BEAT_SCHEDULE)
@@ -51,21 +50,21 @@ def _slurm_cluster(port: int) -> Cluster:
     host_key, client_key, text = paramiko.ECDSAKey.generate(), paramiko.ECDSAKey.generate(), io.StringIO()
     client_key.write_private_key(text)
     slug = f"hung-{uuid.uuid4().hex[:8]}"
-    return Cluster.objects.create(
+    return ClusterFactory(
         slug=slug, name=slug, kind="slurm", ssh_host="127.0.0.1", ssh_port=port, ssh_user="gpuportal",
-        ssh_private_key=text.getvalue(), healthy=True, scratch_root="/srv/portal-jobs",
+        ssh_private_key=text.getvalue(), scratch_root="/srv/portal-jobs",
         ssh_known_hosts=f"[127.0.0.1]:{port} {host_key.get_name()} {host_key.get_base64()}\n",
     )  # fmt: skip
 
 
 def _local_cluster() -> Cluster:
     slug = f"ok-{uuid.uuid4().hex[:8]}"  # its own state directory under VAR_DIR
-    return Cluster.objects.create(slug=slug, name=slug, kind="local", local_gpus=8, healthy=True)
+    return ClusterFactory(slug=slug, name=slug)
 
 
 def _partition(cluster: Cluster, gpu_model, *, gpus: int) -> Partition:
-    return Partition.objects.create(
-        cluster=cluster, name="gpu", gpu_model=gpu_model, gpus_per_node=gpus, nodes=1, max_walltime_minutes=60,
+    return PartitionFactory(
+        cluster=cluster, name="gpu", gpu_model=gpu_model, gpus_per_node=gpus, max_walltime_minutes=60,
         max_cpus_per_gpu=1, max_mem_per_gpu_mb=1000,
     )  # fmt: skip
 
@@ -117,11 +116,7 @@ def test_a_cluster_that_never_answers_stalls_no_other_and_its_jobs_go_on_once_re
     tmp_path, catalog, tenant, member
 ):
     scenario, gpu_model = catalog
-    today = timezone.localdate()
-    QuotaGrant.objects.create(
-        tenant=tenant, scenario=scenario, gpu_model=gpu_model, gpus=400, gpu_hours=Decimal(10_000),
-        starts_on=today, ends_on=today + timedelta(days=1),
-    )  # fmt: skip
+    QuotaGrantFactory(tenant=tenant, pair=catalog, gpus=400, gpu_hours=10_000, days=1)
     peer = SilentPeer()
     hung, healthy = _slurm_cluster(peer.port), _local_cluster()
     _partition(hung, gpu_model, gpus=400)

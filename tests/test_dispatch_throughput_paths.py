@@ -10,7 +10,6 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from decimal import Decimal
 
 import pytest
 from django.db import connection
@@ -24,10 +23,11 @@ from jobs.models import Job, JobEvent, JobState
 from jobs.services import _spec, job_cancel, job_submit, jobs_poll
 from jobs.services.dispatch import _claim_batch, _dispatch, jobs_dispatch
 from tenants.models import QuotaGrant, Tenant
-from tests.faults_support import slurm_tenant, wait_until
-from tests.test_backend_slurm import job_spec, remove_local, wait_for_end
+from tests.factories import QuotaGrantFactory
+from tests.slurm_support import job_spec, remove_local, slurm_tenant, wait_for_end
 from tests.testbed.env import registered_testbed, testbed_identity
 from tests.testbed.env import testbed_config as make_config
+from tests.wait_support import wait_until
 
 
 @pytest.fixture
@@ -183,8 +183,8 @@ def test_a_batch_adopts_a_job_submitted_before_a_crash_rejects_a_refused_one_and
     stranger = Tenant.objects.create(slug=f"fault-{uuid.uuid4().hex[:8]}", name="No account")
     testbed_identity(f"pt-{stranger.slug}")  # a job identity, but no association in any account
     grant = QuotaGrant.objects.get(tenant=bed.tenant)
-    QuotaGrant.objects.create(
-        tenant=stranger, scenario=grant.scenario, gpu_model=grant.gpu_model, gpus=4, gpu_hours=Decimal(10),
+    QuotaGrantFactory(
+        tenant=stranger, scenario=grant.scenario, gpu_model=grant.gpu_model, gpus=4, gpu_hours=10,
         starts_on=grant.starts_on, ends_on=grant.ends_on,
     )  # fmt: skip
     try:

@@ -37,14 +37,10 @@ from jobs.models import Job, JobEvent, JobState
 from jobs.services import jobs_sweep
 from portal.celery import app
 from tests.conftest import stop
-from tests.faults_support import (
-    slurm_tenant,
-    spawn_worker,
-    tally,
-    wait_until,
-    worker_ready,
-)
+from tests.faults_support import spawn_worker, tally, worker_ready
+from tests.slurm_support import slurm_tenant
 from tests.testbed.env import registered_testbed
+from tests.wait_support import wait_until
 
 KILLS = 50
 WORKERS = 3

@@ -33,15 +33,10 @@ from tests.conftest import (
     stop,
     wait_for_port,
 )
-from tests.faults_support import (
-    GPU_MODEL,
-    SCRIPT,
-    slurm_tenant,
-    start_worker,
-    tally,
-    wait_until,
-)
+from tests.faults_support import start_worker, tally
+from tests.slurm_support import GPU_MODEL, SCRIPT, slurm_tenant
 from tests.testbed.env import registered_testbed
+from tests.wait_support import wait_until
 
 OUTAGE_S = 30
 CLIENTS = 2

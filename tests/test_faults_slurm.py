@@ -17,15 +17,18 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from clusters.models import Cluster, Partition
+from clusters.models import Cluster
 from clusters.services import backend_of
 from jobs.models import Job, JobState
 from jobs.services import job_dispatch, jobs_poll, jobs_sweep
 from jobs.tasks import RETRY, dispatch_job, sweep_jobs
 from portal.celery import app
 from tests.conftest import free_port, stop
-from tests.faults_support import SilentPeer, slurm_tenant, start_worker, tally, wait_until
+from tests.factories import ClusterFactory, PartitionFactory
+from tests.faults_support import SilentPeer, start_worker, tally
+from tests.slurm_support import slurm_tenant
 from tests.testbed.env import TESTBED_SCRIPT, registered_testbed, testbed_env
+from tests.wait_support import wait_until
 
 DISPATCH_SOFT_LIMIT_S = settings.JOB_DISPATCH_TIME_LIMIT_S - 30  # jobs.tasks.dispatch_job
 
@@ -108,12 +111,12 @@ def test_slurmctld_stopped_jobs_wait_and_converge_after_its_restart(tmp_path, ca
 
 
 def _fake_cluster(slug: str, port: int, gpu_model, key: str) -> Cluster:
-    cluster = Cluster.objects.create(
+    cluster = ClusterFactory(
         slug=slug, name=slug, kind="slurm", ssh_host="127.0.0.1", ssh_port=port, ssh_user="gpuportal",
-        ssh_private_key=key, healthy=True, scratch_root="/srv/portal-jobs",
+        ssh_private_key=key, scratch_root="/srv/portal-jobs",
     )  # fmt: skip
-    Partition.objects.create(
-        cluster=cluster, name="a100", gpu_model=gpu_model, gpus_per_node=4, nodes=1, max_walltime_minutes=60,
+    PartitionFactory(
+        cluster=cluster, name="a100", gpu_model=gpu_model, gpus_per_node=4, max_walltime_minutes=60,
         max_cpus_per_gpu=1, max_mem_per_gpu_mb=1000,
     )  # fmt: skip
     return cluster

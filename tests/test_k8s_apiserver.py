@@ -16,6 +16,7 @@ import pytest
 from kubernetes import client
 
 from tests.k8s_apiserver import FakeApiServer
+from tests.wait_support import wait_until
 
 TOKEN = "t0k"
 NODES = [
@@ -59,14 +60,8 @@ def ns(k8s):
 
 
 def wait_for(probe, timeout_s: float = 10.0, what: str = "condition"):
-    """Polls probe() every 50 ms until it returns something truthy; fails after timeout_s."""
-    deadline, value = time.monotonic() + timeout_s, None
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}; last value: {value!r}")
+    """wait_until, every 50 ms: the fake's controller and kubelet are quick."""
+    return wait_until(probe, timeout_s=timeout_s, interval_s=0.05, what=what)
 
 
 def job_body(name: str, script: str, *, env=None, resources=None, annotations=None, **spec) -> dict:

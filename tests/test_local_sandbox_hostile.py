@@ -30,7 +30,7 @@ from clusters.backends.base import COMPLETED, END_STATES, JobRef, JobSpec
 from clusters.backends.local import LocalBackend
 from clusters.models import Cluster
 from clusters.services import cluster_config
-from tests.test_backend_local import wait_until_gone
+from tests.local_support import wait_until_gone
 
 A, B = "tenant-a", "tenant-b"
 

@@ -12,17 +12,17 @@ import os
 import pwd
 import re
 import shutil
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 from clusters.backends import base
 from clusters.backends.base import JobRef, JobSpec, TenantLimits
 from clusters.backends.slurm import SlurmBackend
 from jobs.job_templates import render_template
+from tests.slurm_support import delete_account, wait_for_end
 from tests.testbed.env import testbed_config as make_config
 from tests.testbed.env import testbed_env
+from tests.wait_support import wait_until
 
 NODES = 2
 POLL_S = 1.0
@@ -46,17 +46,6 @@ neigh_modify    delay 0 every 20 check no
 fix             1 all nve
 run             100
 """
-
-
-def wait_until(description: str, probe: Callable, timeout: float):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(POLL_S)
-    raise AssertionError(f"timed out after {timeout}s waiting for {description} (last: {last!r})")
 
 
 def hostnames(backend: SlurmBackend, node_list: str) -> list[str]:
@@ -112,11 +101,7 @@ def test_lammps_template_runs_one_mpi_rank_on_each_of_two_nodes():
         Path(directory, input_name).write_text(LJ_INPUT)
         job_id = backend.submit(spec)
 
-        def ended():
-            status = backend.poll([job_id]).get(job_id)
-            return status if status is not None and status.state in base.END_STATES else None
-
-        status = wait_until(f"job {job_id} to end", ended, JOB_TIMEOUT_S)
+        status = wait_for_end(backend, job_id, timeout=JOB_TIMEOUT_S)
         tail = backend.log_tail(JobRef(job_id, token, account, spec.user), lines=200, max_bytes=65536)
         output = "\n".join(tail.lines)
         assert (status.state, status.raw_state, status.exit_code) == (base.COMPLETED, "COMPLETED", 0), (
@@ -132,14 +117,16 @@ def test_lammps_template_runs_one_mpi_rank_on_each_of_two_nodes():
             return row if row[0] and len(set(hostnames(backend, row[0]))) == nodes else None
 
         (job_nodes,) = wait_until(
-            f"sacct to record job {job_id} on {NODES} nodes",
             lambda: accounted(["-X", "-j", job_id, "-o", "NodeList"], NODES),
-            30,
+            timeout_s=30,
+            interval_s=POLL_S,
+            what=f"sacct to record job {job_id} on {NODES} nodes",
         )
         step_nodes, step_tasks, step_state = wait_until(
-            f"sacct to record step {job_id}.0 on {NODES} nodes",
             lambda: accounted(["-j", f"{job_id}.0", "-o", "NodeList,NTasks,State"], NODES),
-            30,
+            timeout_s=30,
+            interval_s=POLL_S,
+            what=f"sacct to record step {job_id}.0 on {NODES} nodes",
         )
         assert hostnames(backend, step_nodes) == hostnames(backend, job_nodes), (job_nodes, step_nodes)
         assert (step_tasks, step_state) == (str(NODES), "COMPLETED")
@@ -156,15 +143,5 @@ def test_lammps_template_runs_one_mpi_rank_on_each_of_two_nodes():
         assert re.search(r"% CPU use with 2 MPI tasks x 1 OpenMP threads$", output, re.M), output
         assert output.count("Total wall time:") == 1, output
     finally:
-        backend.run(["scancel", "--account", account])
-        wait_until(
-            f"jobs of {account} to leave the queue",
-            lambda: not backend.check(["squeue", "-h", "-A", account, "-o", "%i"]).strip(),
-            timeout=30,
-        )
-        wait_until(
-            f"account {account} to be deleted",
-            lambda: backend.run(["sacctmgr", "-i", "delete", "account", f"name={account}"]).rc == 0,
-            timeout=30,
-        )
+        delete_account(backend, account)
         shutil.rmtree(directory, ignore_errors=True)

@@ -12,14 +12,10 @@ from playwright.sync_api import expect
 
 from tests.browser import browser_page, screenshot
 from tests.factories import PASSWORD, UserFactory
+from tests.password_reset_support import DONE, LINK, NEW_PASSWORD, RESET, reset_link, set_password
 
 # Playwright's sync API runs an event loop in this thread; the ORM calls happen outside it.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
-RESET = "/accounts/password_reset/"
-DONE = "/accounts/password_reset/done/"
-LINK = re.compile(r"(https?://[^/\s]+)(/accounts/reset/[\w-]+/[\w-]+/)")
-NEW_PASSWORD = "a quite different horse 42"
 
 
 @pytest.fixture(autouse=True)
@@ -37,22 +33,6 @@ def _mail_task_runs_in_the_test():
 @pytest.fixture
 def alice(db):
     return UserFactory(username="alice", email="alice@example.org")
-
-
-def reset_link(message) -> str:
-    """The path of the one reset link in the mail."""
-    links = LINK.findall(message.body)
-    assert len(links) == 1, message.body
-    return links[0][1]
-
-
-def set_password(client, link: str, password: str = NEW_PASSWORD):
-    """Follow the mailed link as Django wants it (the token moves into the session) and post."""
-    form_page = client.get(link, follow=True)
-    assert form_page.context["validlink"], form_page.content.decode()
-    return client.post(
-        form_page.redirect_chain[-1][0], {"new_password1": password, "new_password2": password}
-    )
 
 
 def test_the_login_page_links_to_the_reset_form(client, db):

@@ -12,9 +12,8 @@ from django.test.utils import CaptureQueriesContext
 
 from tests.conftest import start_celery_worker, stop
 from tests.factories import UserFactory
+from tests.password_reset_support import DONE, NEW_PASSWORD, RESET, reset_link, set_password
 
-RESET = "/accounts/password_reset/"
-DONE = "/accounts/password_reset/done/"
 RATES = {"user": "1000/min", "anon": "1000/min", "token": "1000/min", "member_lookup": "20/hour"}
 
 
@@ -95,8 +94,6 @@ def test_requests_are_counted_per_client_address(client, eager_tasks):
 
 
 def test_a_new_password_set_through_the_mail_ends_a_login_lock(client, eager_tasks, mailoutbox):
-    from tests.test_pages_password_reset import NEW_PASSWORD, reset_link, set_password
-
     UserFactory(username="alice", email="alice@example.org")
     for _ in range(5):
         client.post("/accounts/login/", {"username": "alice", "password": "wrong"})

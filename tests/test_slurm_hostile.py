@@ -8,8 +8,6 @@ job, the service user's authorized_keys. The attacker's log proves that each att
 import shlex
 import subprocess
 import uuid
-from datetime import timedelta
-from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -19,10 +17,11 @@ from clusters.backends.base import JobRef
 from clusters.services import backend_of
 from jobs.models import Job
 from jobs.services import JobRequest, job_dispatch, job_log_tail, job_submit, orphans_find, tenant_apply
-from tenants.models import QuotaGrant, Role, Tenant
+from tenants.models import Role, Tenant
 from tests.conftest import join
-from tests.faults_support import wait_until
+from tests.factories import QuotaGrantFactory
 from tests.testbed.env import testbed_env
+from tests.wait_support import wait_until
 
 TODAY = timezone.localdate()
 PLANTED_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostileHostileHostileHostileHostileHost attacker"
@@ -84,10 +83,7 @@ def two_tenants(testbed, catalog):
     for role in ("victim", "hostile"):
         tenant = Tenant.objects.create(slug=f"{role}-{uuid.uuid4().hex[:8]}", name=role.title())
         user = join(tenant, f"{tenant.slug}-member", Role.MEMBER)
-        QuotaGrant.objects.create(
-            tenant=tenant, scenario=catalog[0], gpu_model=catalog[1], gpus=2, gpu_hours=Decimal(100),
-            starts_on=TODAY, ends_on=TODAY + timedelta(days=30),
-        )  # fmt: skip
+        QuotaGrantFactory(tenant=tenant, pair=catalog, gpus=2)
         tenant_apply(tenant_id=tenant.pk, cluster_id=testbed.pk)
         made.append((tenant, user))
     yield made

@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.testbed.env import testbed_env as get_testbed_env
+from tests.wait_support import wait_until
 
 POLL_S = 0.5
 JOB_TIMEOUT_S = 60
@@ -95,18 +96,6 @@ def squeue_field(client: paramiko.SSHClient, job_id: str, fmt: str) -> str:
     return check(client, ["squeue", "-h", "-o", fmt, "-j", job_id]).strip()
 
 
-def wait_until(description: str, probe, timeout: float = JOB_TIMEOUT_S):
-    """Poll probe() every POLL_S until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(POLL_S)
-    raise AssertionError(f"timed out after {timeout}s waiting for {description} (last: {last!r})")
-
-
 def job_script(body: str) -> str:
     return "#!/bin/bash\nset -eu\n" + body.strip() + "\n"
 
@@ -138,7 +127,7 @@ def test_typed_gpu_job_gets_two_devices():
             assert state not in FAILED_STATES, f"job {job_id} ended {state}"
             return state == "COMPLETED"
 
-        wait_until(f"job {job_id} to complete", finished)
+        wait_until(finished, timeout_s=JOB_TIMEOUT_S, interval_s=POLL_S, what=f"job {job_id} to complete")
 
         job = check(client, ["scontrol", "show", "job", "-o", job_id])
         assert f"Comment={token}" in job
@@ -249,13 +238,19 @@ def test_account_gpu_limit_is_enforced():
         ]
         script = job_script("sleep 30")
         job_ids.append(sbatch(client, options, script, retry_s=20))
-        wait_until(f"job {job_ids[0]} to run", lambda: squeue_field(client, job_ids[0], "%T") == "RUNNING")
+        wait_until(
+            lambda: squeue_field(client, job_ids[0], "%T") == "RUNNING",
+            timeout_s=JOB_TIMEOUT_S,
+            interval_s=POLL_S,
+            what=f"job {job_ids[0]} to run",
+        )
 
         job_ids.append(sbatch(client, options, script, retry_s=20))
         reason = wait_until(
-            f"job {job_ids[1]} to pend on the account's GPU limit",
             lambda: (squeue_field(client, job_ids[1], "%T %r") == "PENDING AssocGrpGRES") and "AssocGrpGRES",
-            timeout=30,
+            timeout_s=30,
+            interval_s=POLL_S,
+            what=f"job {job_ids[1]} to pend on the account's GPU limit",
         )
         assert reason == "AssocGrpGRES"
         assert squeue_field(client, job_ids[0], "%T") == "RUNNING"
@@ -264,16 +259,17 @@ def test_account_gpu_limit_is_enforced():
             if job_ids:
                 run(client, ["scancel", *job_ids])
                 wait_until(
-                    "cancelled jobs to leave the queue",
                     lambda: not check(client, ["squeue", "-h", "-o", "%i", "-A", account]).strip(),
-                    timeout=30,
+                    timeout_s=30,
+                    interval_s=POLL_S,
+                    what="cancelled jobs to leave the queue",
                 )
 
             def deleted():
                 rc, _out, _err = run(client, ["sacctmgr", "-i", "delete", "account", account])
                 return rc == 0
 
-            wait_until(f"account {account} to be deleted", deleted, timeout=30)
+            wait_until(deleted, timeout_s=30, interval_s=POLL_S, what=f"account {account} to be deleted")
             assert not check(
                 client, ["sacctmgr", "-n", "-P", "list", "account", account, "format=account"]
             ).strip()

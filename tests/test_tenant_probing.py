@@ -11,10 +11,10 @@ from django.test import override_settings
 
 from jobs.models import Job
 from tenants.models import Membership, QuotaRequest, Role
+from tests.api_support import request_body
 from tests.conftest import join
 from tests.factories import UserFactory
 from tests.jobs_support import JOB
-from tests.test_quota_requests import request_body
 
 pytestmark = pytest.mark.django_db
 
