@@ -8,6 +8,7 @@ from django.apps import apps as django_apps
 
 from clusters import advisor
 from clusters.models import GpuModel, Scenario, ScenarioGpu
+from tests.api_support import assert_problem
 
 pytestmark = pytest.mark.django_db
 
@@ -263,3 +264,21 @@ def test_advise_needs_authentication_and_post(anon_client, client_for, member):
         anon_client.post("/api/v1/scenarios/cfd/advise/", {"cells_m": 1, "iterations": 1}).status_code == 401
     )
     assert client_for(member).get("/api/v1/scenarios/cfd/advise/").status_code == 405
+
+
+def test_a_number_beyond_any_float_is_400(client_for, member):
+    # JSON has no limit; DRF's FloatField let OverflowError through.
+    response = client_for(member).post(
+        "/api/v1/scenarios/ai-training/advise/", {"params_b": 10**400}, format="json"
+    )
+    assert list(assert_problem(response, 400, "invalid")["errors"]) == ["params_b"]
+
+
+def test_the_advisor_api_takes_numbers_not_numerals(client_for, member):
+    client = client_for(member)
+    refused = client.post("/api/v1/scenarios/ai-training/advise/", {"params_b": "7"}, format="json")
+    assert list(assert_problem(refused, 400, "invalid")["errors"]) == ["params_b"]
+    assert (
+        client.post("/api/v1/scenarios/ai-training/advise/", {"params_b": 7}, format="json").status_code
+        == 200
+    )

@@ -1,6 +1,7 @@
 """POST /api/v1/auth/token/, GET /api/v1/auth/tokens/, DELETE /api/v1/auth/tokens/{id}/, GET /me/."""
 
 import pytest
+from django.test import override_settings
 
 from portal.core.models import ApiToken, AuditEvent
 from tests.factories import PASSWORD
@@ -121,3 +122,13 @@ def test_session_login_works_for_the_browser(member, client):
     )
     assert response.status_code == 201  # the token endpoint takes credentials, not the session
     assert strict.delete(f"/api/v1/auth/tokens/{response.json()['id']}/").status_code == 403
+
+
+def test_x_forwarded_for_does_not_reset_the_password_throttle(anon_client, member):
+    with override_settings(API_THROTTLE_RATES={"user": "100/min", "anon": "100/min", "token": "3/min"}):
+        codes = [
+            anon_client.post("/api/v1/auth/token/", {"username": "member", "password": "x"},
+                             HTTP_X_FORWARDED_FOR=f"10.0.0.{i}").status_code
+            for i in range(5)
+        ]  # fmt: skip
+    assert codes == [400, 400, 400, 429, 429]

@@ -1,24 +1,19 @@
-"""API.md, Conventions: problem+json errors, cursor pagination, throttles."""
+"""API.md, Conventions: problem+json errors, cursor pagination, throttles; odd input on any
+endpoint (a NUL byte, a forged cursor) is a 4xx, never a 500; and the schema describes every
+answer (what schemathesis, scripts/fuzz, found and holds the API to)."""
+
+from base64 import b64encode
 
 import pytest
 from django.test import override_settings
+from rest_framework.exceptions import NotFound as DrfNotFound
 
+from portal.core.errors import NotFound, problem_exception_handler
 from portal.core.services import token_create
+from tests.api_support import assert_problem, request_body
+from tests.jobs_support import JOB
 
 pytestmark = pytest.mark.django_db
-
-PROBLEM_KEYS = {"type", "title", "status", "detail", "code"}
-
-
-def assert_problem(response, status: int, code: str) -> dict:
-    assert response.status_code == status, response.content
-    assert response["Content-Type"] == "application/problem+json"
-    body = response.json()
-    assert set(body) >= PROBLEM_KEYS
-    assert body["status"] == status
-    assert body["code"] == code
-    assert body["type"].endswith(code)
-    return body
 
 
 def test_no_credentials_is_401(anon_client):
@@ -140,3 +135,130 @@ def test_schema_validates_without_warnings():
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
+
+
+# PostgreSQL refuses a NUL byte in a text parameter (psycopg raises DataError, not ValueError).
+@pytest.mark.parametrize("kind", ["tenants", "gpu-models", "scenarios", "clusters", "jobs", "quotas"])
+def test_a_nul_byte_as_an_objects_name_is_404(client_for, member, kind):
+    assert_problem(client_for(member).get(f"/api/v1/{kind}/a%00b/"), 404, "not_found")
+
+
+@pytest.mark.parametrize(
+    ("url", "body", "field"),
+    [
+        ("/api/v1/jobs/", JOB | {"tenant": "\x00"}, "tenant"),
+        ("/api/v1/jobs/", JOB | {"scenario": "ai\x00"}, "scenario"),
+        ("/api/v1/jobs/", JOB | {"gpu_model": "\x00"}, "gpu_model"),
+        ("/api/v1/jobs/", JOB | {"cluster": "\x00"}, "cluster"),
+        ("/api/v1/quota-requests/", request_body(tenant="protein\x00lab"), "tenant"),
+        ("/api/v1/tenants/protein-lab/members/", {"username": "\x00", "role": "viewer"}, "username"),
+    ],
+)
+def test_a_nul_byte_in_a_reference_is_400_naming_it(client_for, owner, catalog, url, body, field):
+    body = assert_problem(client_for(owner).post(url, body, format="json"), 400, "invalid")
+    assert field in body["errors"]
+
+
+@pytest.mark.parametrize(
+    "url", ["/api/v1/audit/?action=a%00", "/api/v1/jobs/?tenant=%00", "/api/v1/usage/?tenant=%00"]
+)
+def test_a_nul_byte_in_a_text_filter_is_400_as_the_schema_says(client_for, owner, url):
+    assert_problem(client_for(owner).get(url), 400, "invalid")
+
+
+def test_a_page_size_of_other_digits_is_400(client_for, member):
+    # "²".isdigit() holds, and int("²") raises: the check was isdigit().
+    body = assert_problem(client_for(member).get("/api/v1/auth/tokens/?page_size=%C2%B2"), 400, "invalid")
+    assert list(body["errors"]) == ["page_size"]
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "0.0.abc",  # a position an integer key cannot hold
+        b64encode(b"p=abc").decode(),  # the same as DRF wrote cursors: its decoder took any text
+        "0.0.1%00",
+    ],
+)
+def test_a_forged_cursor_is_400(client_for, member, cursor):
+    response = client_for(member).get(f"/api/v1/jobs/?cursor={cursor}")
+    assert list(assert_problem(response, 400, "invalid")["errors"]) == ["cursor"]
+
+
+def test_cursors_page_through_a_list_ordered_by_slug(client_for, member):
+    client = client_for(member)
+    first = client.get("/api/v1/gpu-models/?page_size=2").json()
+    assert first["next"].split("cursor=")[1].startswith("0.0.")
+    second = client.get(first["next"]).json()
+    slugs = [g["slug"] for page in (first, second) for g in page["results"]]
+    assert len(slugs) == 4 and slugs == sorted(slugs)
+    back = client.get(second["previous"]).json()
+    assert [g["slug"] for g in back["results"]] == slugs[:2]
+
+
+def test_an_empty_page_size_or_cursor_reads_as_absent(client_for, member):
+    client = client_for(member)
+    response = client.get("/api/v1/gpu-models/?page_size=&cursor=")
+    assert response.status_code == 200
+    assert response.json() == client.get("/api/v1/gpu-models/").json()
+
+
+def test_not_found_raised_by_a_service_is_a_404_problem():
+    response = problem_exception_handler(NotFound("Gone meanwhile."), {})
+    assert response.status_code == 404 and response.data["code"] == "not_found"
+
+
+def test_a_404_without_text_still_says_what():
+    # DRF raises a bare Http404 for a lookup value its field cannot hold.
+    from django.http import Http404
+
+    response = problem_exception_handler(Http404(), {})
+    assert response.data["detail"] == "Not found."
+    assert problem_exception_handler(DrfNotFound(), {}).data["detail"]
+
+
+# --- What the schema says of every answer (schemathesis, scripts/fuzz, holds the API to it)
+
+
+@pytest.fixture
+def spec(client_for, member):
+    return client_for(member).get("/api/v1/schema/?format=json").json()
+
+
+def operations(spec):
+    for path, methods in spec["paths"].items():
+        for method, operation in methods.items():
+            yield method.upper(), path, operation
+
+
+def test_every_error_answer_is_documented_as_problem_json(spec):
+    for method, path, operation in operations(spec):
+        responses = operation["responses"]
+        where = f"{method} {path}"
+        errors = {code: r for code, r in responses.items() if int(code) >= 400}
+        for code, response in errors.items():
+            assert list(response["content"]) == ["application/problem+json"], (where, code)
+            assert response["content"]["application/problem+json"]["schema"]["$ref"].endswith("/ProblemOut")
+        assert "429" in errors and "Retry-After" in errors["429"]["headers"], where
+        secured = operation.get("security") and {} not in operation["security"]
+        assert ("401" in errors) == bool(secured), where
+        if any(p["in"] == "path" for p in operation.get("parameters", [])):
+            assert "404" in errors, where
+        if "requestBody" in operation:
+            assert {"400", "413", "415"} <= set(errors), where
+
+
+def test_the_schema_states_what_fields_the_api_refuses(spec):
+    schemas = spec["components"]["schemas"]
+    assert schemas["MemberPatchRequest"]["required"] == ["role"]  # not an all-optional PATCH body
+    assert schemas["QuotaRequestOut"]["properties"]["decided_by"]["nullable"] is True
+    assert {"type": "string", "maxLength": 0} in schemas["MeOut"]["properties"]["email"]["oneOf"]
+    assert schemas["JobOut"]["properties"]["submitted_by"]["nullable"] is True
+    assert schemas["QuotaRequestInRequest"]["properties"]["gpu_hours"]["multipleOf"] == 0.01
+    assert "^(?!(?:default|root)$|kube-)" in schemas["TenantInRequest"]["properties"]["slug"]["pattern"]
+    jobs = {p["name"]: p for p in spec["paths"]["/api/v1/jobs/"]["get"]["parameters"]}
+    assert jobs["page_size"]["schema"] == {"type": "integer", "minimum": 1, "maximum": 200}
+    assert jobs["created_after"]["allowEmptyValue"] is True and "allowEmptyValue" not in jobs["state"]
+    assert jobs["tenant"]["schema"]["pattern"] == "^[^\\x00]*$"  # a text filter refuses NUL, as said
+    advise = spec["paths"]["/api/v1/scenarios/{slug}/advise/"]["post"]
+    assert advise["requestBody"]["required"] is True

@@ -1,4 +1,5 @@
-"""GET /api/v1/jobs/ (filters, query counts), /templates/, /usage/, /jobs/{id}/log/ parameters."""
+"""GET /api/v1/jobs/ (filters, query counts), /jobs/{id}/ as a viewer sees it, /templates/, /usage/,
+and the parameters of /jobs/{id}/log/ and /events/."""
 
 from datetime import timedelta
 from decimal import Decimal
@@ -12,6 +13,7 @@ from clusters.selectors import catalog_names_forget
 from jobs.models import JobState
 from tenants.models import Role
 from tests.conftest import join
+from tests.jobs_support import api_submit
 
 pytestmark = pytest.mark.django_db
 
@@ -106,3 +108,54 @@ def test_a_viewer_reads_jobs_but_cannot_cancel(client_for, tenant, member, make_
     assert client.get(f"/api/v1/jobs/{job.pk}/").status_code == 200
     assert client.get(f"/api/v1/jobs/{job.pk}/log/").json() == {"lines": [], "truncated": False}
     assert client.post(f"/api/v1/jobs/{job.pk}/cancel/").status_code == 403
+
+
+def test_a_viewer_sees_neither_script_nor_env(client_for, member, viewer, local_partition, grant):
+    job_id = api_submit(client_for(member), env={"TOKEN": "s3cret"})["id"]
+    assert client_for(member).get(f"/api/v1/jobs/{job_id}/").json()["env"]["TOKEN"] == "s3cret"
+    seen = client_for(viewer).get(f"/api/v1/jobs/{job_id}/")
+    assert seen.status_code == 200 and "s3cret" not in seen.content.decode() and "script" not in seen.json()
+
+
+@pytest.mark.parametrize(
+    ("url", "field"), [("/api/v1/usage/?to=0001-01-05", "to"), ("/api/v1/usage/?from=9999-12-31", "from")]
+)
+def test_usage_dates_at_the_ends_of_the_calendar_are_400_not_500(client_for, admin_user, owner, url, field):
+    response = client_for(admin_user).get(url, format="json")
+    assert response.status_code == 400, response.content
+    assert field in response.json()["errors"]
+
+
+@pytest.fixture
+def job(make_job, member):
+    """A queued job of the member's, on a local partition, under a grant."""
+    return make_job(member)
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        "1336-11-08T16:21:23.834-22:04",  # RFC 3339 allows ±23:59; PostgreSQL stops at ±15:59
+        "0001-01-01T00:00:00+14:00",  # before year 1 once in UTC
+        "9999-12-31T23:59:59-14:00",  # after 9999 once in UTC
+    ],
+)
+def test_a_time_with_any_offset_filters_jobs(client_for, member, job, moment):
+    moment = moment.replace("+", "%2B")
+    after = client_for(member).get(f"/api/v1/jobs/?created_after={moment}")
+    before = client_for(member).get(f"/api/v1/jobs/?created_before={moment}")
+    assert after.status_code == before.status_code == 200
+    assert len(after.json()["results"]) + len(before.json()["results"]) == 1
+
+
+def test_a_jobs_events_and_log_do_not_take_the_job_lists_filters(client_for, member, job):
+    # get_object() applied the list's filter set: ?state=RUNNING made a queued job a 404.
+    client = client_for(member)
+    assert client.get(f"/api/v1/jobs/{job.pk}/events/?state=RUNNING").status_code == 200
+    assert client.get(f"/api/v1/jobs/{job.pk}/events/?state=nonsense").status_code == 200
+
+
+def test_templates_with_an_empty_scenario_are_all_templates(client_for, member):
+    client = client_for(member)
+    every = client.get("/api/v1/templates/").json()["results"]
+    assert every and client.get("/api/v1/templates/?scenario=").json()["results"] == every

@@ -6,40 +6,23 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from clusters.models import Cluster, Partition
 from jobs.admission import admission_order
 from jobs.models import Job, JobEvent, JobState
-from jobs.services import jobs_admit
+from jobs.services import _claim, jobs_admit
 from portal.core.models import AuditEvent
 from tenants.models import QuotaGrant, Role, Tenant
 from tests.conftest import join
+from tests.factories import ClusterFactory, JobFactory, PartitionFactory, QuotaGrantFactory
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.grant(gpus=8)]
 
-TODAY = timezone.localdate()
 SCRIPT = "#!/bin/bash\necho hello\n"
 
 
 @pytest.fixture
 def partition(catalog):
-    _, gpu_model = catalog
-    cluster = Cluster.objects.create(slug="local", name="Local", kind="local", local_gpus=8, healthy=True)
-    return Partition.objects.create(
-        cluster=cluster, name="local", gpu_model=gpu_model, gpus_per_node=8, nodes=1, max_walltime_minutes=600
-    )
-
-
-def grant_for(tenant, catalog, *, gpus=8, gpu_hours=100) -> QuotaGrant:
-    scenario, gpu_model = catalog
-    return QuotaGrant.objects.create(
-        tenant=tenant, scenario=scenario, gpu_model=gpu_model, gpus=gpus, gpu_hours=Decimal(gpu_hours),
-        starts_on=TODAY, ends_on=TODAY + timedelta(days=30),
-    )  # fmt: skip
-
-
-@pytest.fixture
-def grant(tenant, catalog):
-    return grant_for(tenant, catalog)
+    """One node of 8 GPUs on the local cluster "local"."""
+    return PartitionFactory(cluster=ClusterFactory(slug="local"), gpu_model=catalog[1])
 
 
 def body(**overrides) -> dict:
@@ -74,7 +57,7 @@ def test_no_grant_is_409_no_quota(client_for, member, partition):
 def test_too_few_hours_is_409_quota_exhausted_with_the_figures(
     client_for, member, partition, tenant, catalog
 ):
-    grant_for(tenant, catalog, gpu_hours=1)
+    QuotaGrantFactory(tenant=tenant, gpus=8, gpu_hours=1)
     response = client_for(member).post("/api/v1/jobs/", body(), format="json")
     assert response.status_code == 409
     problem = response.json()
@@ -86,7 +69,7 @@ def test_too_few_hours_is_409_quota_exhausted_with_the_figures(
 def test_concurrent_limit_full_leaves_the_job_queued_with_quota_wait(
     client_for, member, partition, tenant, catalog
 ):
-    grant_for(tenant, catalog, gpus=2)
+    QuotaGrantFactory(tenant=tenant, gpus=2)
     client = client_for(member)
     assert client.post("/api/v1/jobs/", body(), format="json").json()["reason"] == ""
     second = client.post("/api/v1/jobs/", body(name="train-2"), format="json").json()
@@ -176,14 +159,13 @@ def test_admission_order_tier_then_priority_then_fair_share_then_age(partition, 
     tenants = {}
     for slug, tier in [("crit", "critical"), ("hi", "high"), ("busy", "normal"), ("idle", "normal")]:
         tenants[slug] = Tenant.objects.create(slug=slug, name=slug, tier=tier)
-        grant_for(tenants[slug], catalog, gpus=8, gpu_hours=1000)
+        QuotaGrantFactory(tenant=tenants[slug], gpus=8, gpu_hours=1000)
 
     def make(slug, priority="normal", **extra) -> Job:
-        grant = QuotaGrant.objects.get(tenant=tenants[slug])
-        return Job.objects.create(
-            tenant=tenants[slug], name=f"{slug}-{priority}", scenario=grant.scenario, gpu_model=grant.gpu_model,
-            grant=grant, cluster=partition.cluster, partition=partition, gpus=8, walltime_minutes=60,
-            priority=priority, cpus_per_gpu=1, mem_per_gpu_mb=1000, script=SCRIPT, reserved_gpu_hours=8, **extra,
+        return JobFactory(
+            grant=QuotaGrant.objects.get(tenant=tenants[slug]), partition=partition, submitted_by=None,
+            name=f"{slug}-{priority}", gpus=8, walltime_minutes=60, priority=priority, mem_per_gpu_mb=1000,
+            script=SCRIPT, **extra,
         )  # fmt: skip
 
     # busy ran 100 GPU-hours yesterday; idle ran 100 GPU-hours 60 days ago (outside the window).
@@ -206,7 +188,7 @@ def test_admission_order_tier_then_priority_then_fair_share_then_age(partition, 
 def test_a_job_waiting_for_capacity_is_not_passed_by_a_smaller_one(
     partition, tenant, catalog, client_for, member
 ):
-    grant_for(tenant, catalog, gpus=16, gpu_hours=1000)
+    QuotaGrantFactory(tenant=tenant, gpus=16, gpu_hours=1000)
     client = client_for(member)
     assert client.post("/api/v1/jobs/", body(gpus=6), format="json").json()["reason"] == ""
     big = client.post("/api/v1/jobs/", body(gpus=4, name="big"), format="json").json()
@@ -237,3 +219,58 @@ def test_sweep_ends_a_job_cancelled_while_its_dispatcher_died(
     )
     grant.refresh_from_db()
     assert (grant.gpu_hours_reserved, grant.gpus_in_use) == (0, 0)
+
+
+def test_an_env_name_with_a_trailing_newline_is_refused(client_for, member, partition, tenant, catalog):
+    QuotaGrantFactory(tenant=tenant, gpus=8)
+    response = client_for(member).post("/api/v1/jobs/", body(env={"FOO\n": "x"}), format="json")
+    assert response.status_code == 400 and "env" in response.json()["errors"]
+
+
+def test_a_grant_too_small_for_the_job_is_no_match(client_for, member, partition, tenant, catalog):
+    QuotaGrantFactory(tenant=tenant, gpus=1, days=5)
+    big = QuotaGrantFactory(tenant=tenant, gpus=8)
+    response = client_for(member).post("/api/v1/jobs/", body(gpus=4), format="json")
+    assert response.status_code == 201 and response.json()["reason"] == ""
+    assert Job.objects.get().grant == big
+
+
+def test_grants_all_too_small_for_the_job_answer_409(client_for, member, partition, tenant, catalog):
+    QuotaGrantFactory(tenant=tenant, gpus=1)
+    refused = client_for(member).post("/api/v1/jobs/", body(gpus=4), format="json")
+    assert refused.status_code == 409 and refused.json()["code"] == "quota_exhausted"
+    assert refused.json()["gpus_granted"] == 1
+
+
+def test_a_job_held_by_its_own_quota_does_not_stall_other_tenants(
+    client_for, member, partition, tenant, catalog
+):
+    tenant.tier = "high"
+    tenant.save()
+    QuotaGrantFactory(tenant=tenant, gpus=4)
+    other = Tenant.objects.create(slug="other", name="Other")
+    QuotaGrantFactory(tenant=other, gpus=8)
+    other_member = join(other, "other-member", Role.MEMBER)
+    client = client_for(member)
+    assert client.post("/api/v1/jobs/", body(gpus=4), format="json").json()["reason"] == ""
+    assert client.post("/api/v1/jobs/", body(gpus=4), format="json").json()["reason"] == "quota_wait"
+    theirs = (
+        client_for(other_member).post("/api/v1/jobs/", body(tenant="other", gpus=2), format="json").json()
+    )
+    assert theirs["reason"] == ""  # 4 of 8 GPUs are free, and this tenant has quota
+
+
+def test_priority_defaults_within_the_tiers_cap(client_for, member, partition, tenant, catalog):
+    tenant.tier = "low"
+    tenant.save()
+    QuotaGrantFactory(tenant=tenant, gpus=8)
+    response = client_for(member).post("/api/v1/jobs/", body(), format="json")
+    assert response.status_code == 201 and response.json()["priority"] == "low"
+
+
+def test_a_job_cancelled_after_the_lease_is_not_submitted(client_for, member, partition, tenant, catalog):
+    QuotaGrantFactory(tenant=tenant, gpus=8)
+    client = client_for(member)
+    job_id = client.post("/api/v1/jobs/", body(), format="json").json()["id"]
+    client.post(f"/api/v1/jobs/{job_id}/cancel/")
+    assert _claim(int(job_id)) is None

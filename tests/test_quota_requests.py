@@ -1,4 +1,5 @@
-"""/api/v1/quota-requests/: request, withdraw, approve (all or part), reject, expire; mail and audit."""
+"""/api/v1/quota-requests/: request, withdraw, approve (all or part), reject, expire; mail and audit.
+And /api/v1/quotas/?active=."""
 
 from datetime import timedelta
 
@@ -9,24 +10,11 @@ from django.utils import timezone
 from portal.core.models import AuditEvent
 from tenants.models import QuotaGrant, QuotaRequest, RequestState, TenantState
 from tenants.services import quota_requests_expire
+from tests.api_support import assert_problem, request_body
 
 pytestmark = pytest.mark.django_db
 
 TODAY = timezone.localdate()
-
-
-def request_body(**overrides) -> dict:
-    body = {
-        "tenant": "protein-lab",
-        "scenario": "ai-training",
-        "gpu_model": "h100-80gb",
-        "gpus": 8,
-        "gpu_hours": 2000,
-        "starts_on": str(TODAY),
-        "ends_on": str(TODAY + timedelta(days=90)),
-        "justification": "Fine-tune a 7B protein language model.",
-    }
-    return body | overrides
 
 
 @pytest.fixture
@@ -168,3 +156,14 @@ def test_pending_requests_expire_once_their_end_passes(pending):
     assert quota_requests_expire(today=TODAY + timedelta(days=91)) == 1
     assert QuotaRequest.objects.get(pk=pending["id"]).state == RequestState.EXPIRED
     assert AuditEvent.objects.filter(action="quota_request.expired").count() == 1
+
+
+def test_the_active_filter_takes_true_or_false_only(client_for, member, grant):
+    client = client_for(member)
+    # Django's NullBooleanField read "maybe" as no filter at all.
+    assert list(assert_problem(client.get("/api/v1/quotas/?active=maybe"), 400, "invalid")["errors"]) == [
+        "active"
+    ]
+    assert len(client.get("/api/v1/quotas/?active=true").json()["results"]) == 1
+    assert len(client.get("/api/v1/quotas/?active=false").json()["results"]) == 0
+    assert len(client.get("/api/v1/quotas/?active=").json()["results"]) == 1

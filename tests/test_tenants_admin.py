@@ -1,8 +1,5 @@
 """The admin console for tenants and quota: it writes through the same services as the API."""
 
-from datetime import timedelta
-from decimal import Decimal
-
 import pytest
 from django.core import mail
 from django.utils import timezone
@@ -11,7 +8,8 @@ from portal.core.models import AuditEvent
 from tenants.models import Membership, QuotaGrant, QuotaRequest, RequestState, Role, Tenant
 from tenants.roles import ROLE_PERMISSIONS
 from tenants.selectors import tenant_perms
-from tests.factories import UserFactory
+from tests.conftest import join
+from tests.factories import QuotaGrantFactory, QuotaRequestFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -24,18 +22,9 @@ def admin_client(client, admin_user):
     return client
 
 
-def make_request(tenant, catalog, **overrides) -> QuotaRequest:
-    scenario, gpu_model = catalog
-    fields = {"tenant": tenant, "scenario": scenario, "gpu_model": gpu_model, "gpus": 8, "gpu_hours": Decimal(500),
-              "starts_on": TODAY, "ends_on": TODAY + timedelta(days=60), "justification": "Protein LM"}  # fmt: skip
-    return QuotaRequest.objects.create(**fields | overrides)
-
-
 def test_decide_page_shows_the_request_beside_the_tenants_grants(admin_client, tenant, catalog):
-    scenario, gpu_model = catalog
-    QuotaGrant.objects.create(tenant=tenant, scenario=scenario, gpu_model=gpu_model, gpus=4, gpu_hours=Decimal(100),
-                              gpu_hours_used=Decimal(42), starts_on=TODAY, ends_on=TODAY + timedelta(days=5))  # fmt: skip
-    request = make_request(tenant, catalog)
+    QuotaGrantFactory(tenant=tenant, gpus=4, gpu_hours=100, gpu_hours_used=42, days=5)
+    request = QuotaRequestFactory(tenant=tenant)
     page = admin_client.get(f"/admin/tenants/quotarequest/{request.pk}/decide/").content.decode()
     assert "Protein LM" in page
     assert "42.00 / 0.00 / 100.00" in page  # used / reserved / granted of the existing grant
@@ -44,7 +33,7 @@ def test_decide_page_shows_the_request_beside_the_tenants_grants(admin_client, t
 def test_approving_in_part_from_the_console_creates_the_grant(
     admin_client, tenant, owner, catalog, django_capture_on_commit_callbacks
 ):
-    request = make_request(tenant, catalog)
+    request = QuotaRequestFactory(tenant=tenant)
     with django_capture_on_commit_callbacks(execute=True):
         response = admin_client.post(
             f"/admin/tenants/quotarequest/{request.pk}/decide/",
@@ -58,7 +47,7 @@ def test_approving_in_part_from_the_console_creates_the_grant(
 
 
 def test_raising_a_figure_in_the_console_shows_the_error(admin_client, tenant, catalog):
-    request = make_request(tenant, catalog)
+    request = QuotaRequestFactory(tenant=tenant)
     response = admin_client.post(
         f"/admin/tenants/quotarequest/{request.pk}/decide/", {"decision": "approve", "note": "x", "gpus": 80}
     )
@@ -68,8 +57,8 @@ def test_raising_a_figure_in_the_console_shows_the_error(admin_client, tenant, c
 
 
 def test_bulk_reject_asks_for_a_note_then_decides_each(admin_client, tenant, catalog):
-    pending = [make_request(tenant, catalog), make_request(tenant, catalog)]
-    decided = make_request(tenant, catalog, state=RequestState.WITHDRAWN)
+    pending = [QuotaRequestFactory(tenant=tenant), QuotaRequestFactory(tenant=tenant)]
+    decided = QuotaRequestFactory(tenant=tenant, state=RequestState.WITHDRAWN)
     ids = [str(r.pk) for r in [*pending, decided]]
     url = "/admin/tenants/quotarequest/"
     form = admin_client.post(url, {"action": "reject_selected", "_selected_action": ids})
@@ -122,3 +111,22 @@ def test_the_console_keeps_the_last_owner(admin_client, tenant, owner):
 def test_audit_log_is_read_only(admin_client):
     assert admin_client.get("/admin/core/auditevent/").status_code == 200
     assert admin_client.get("/admin/core/auditevent/add/").status_code == 403
+
+
+def test_the_console_hands_a_tenant_from_one_owner_to_another_in_one_save(client, admin_user, tenant, owner):
+    client.force_login(admin_user)
+    heir = join(tenant, "heir", Role.MEMBER)
+    rows = {m.user.username: m for m in Membership.objects.filter(tenant=tenant)}
+    data = {
+        "slug": tenant.slug, "name": tenant.name, "tier": tenant.tier, "state": "active", "contact_email": "",
+        "memberships-TOTAL_FORMS": "2", "memberships-INITIAL_FORMS": "2",
+        "memberships-MIN_NUM_FORMS": "0", "memberships-MAX_NUM_FORMS": "1000",
+        "cluster_accounts-TOTAL_FORMS": "0", "cluster_accounts-INITIAL_FORMS": "0",
+        "cluster_accounts-MIN_NUM_FORMS": "0", "cluster_accounts-MAX_NUM_FORMS": "1000",
+        "memberships-0-id": str(rows["owner"].pk), "memberships-0-tenant": str(tenant.pk), "memberships-0-role": "manager",
+        "memberships-1-id": str(rows["heir"].pk), "memberships-1-tenant": str(tenant.pk), "memberships-1-role": "owner",
+    }  # fmt: skip
+    response = client.post(f"/admin/tenants/tenant/{tenant.pk}/change/", data)
+    assert response.status_code == 302
+    assert Membership.objects.get(user=heir).role == Role.OWNER
+    assert Membership.objects.get(user=owner).role == Role.MANAGER

@@ -2,10 +2,12 @@
 
 import pytest
 
+from portal.core.errors import NotFound
 from portal.core.models import AuditEvent
 from tenants.models import Membership, Role, Tenant
 from tenants.roles import ROLE_PERMISSIONS
 from tenants.selectors import tenant_perms
+from tenants.services import membership_change_role, membership_remove
 from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -111,3 +113,14 @@ def test_managers_manage_members_but_not_owners(client_for, owner, manager, memb
 def test_a_member_may_leave_but_not_remove_others(client_for, member, viewer):
     assert client_for(member).delete("/api/v1/tenants/protein-lab/members/viewer/").status_code == 403
     assert client_for(member).delete("/api/v1/tenants/protein-lab/members/member/").status_code == 204
+
+
+def test_a_member_removed_meanwhile_is_not_found(owner, member, tenant):
+    """Two requests on one member: the second read the member before the first removed it."""
+    stale = Membership.objects.get(tenant=tenant, user=member)
+    membership_remove(actor=owner, membership=Membership.objects.get(pk=stale.pk))
+    with pytest.raises(NotFound):
+        membership_change_role(actor=owner, membership=stale, role=Role.VIEWER)
+    with pytest.raises(NotFound):
+        membership_remove(actor=owner, membership=stale)
+    assert not Membership.objects.filter(tenant=tenant, user=member).exists()

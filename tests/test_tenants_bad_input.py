@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from tests.test_quota_requests import request_body
+from tests.api_support import assert_problem, request_body
 
 pytestmark = pytest.mark.django_db
 
@@ -75,6 +75,14 @@ def test_a_ten_megabyte_body_is_refused_with_a_problem(client_for, owner, catalo
         ("/api/v1/tenants/protein-lab/members/", "post", {"username": "owner", "role": "god"}, "role"),
         ("/api/v1/tenants/protein-lab/members/", "post", {"role": "viewer"}, "username"),
         ("/api/v1/tenants/protein-lab/members/owner/", "patch", {"role": 7}, "role"),
+        # once a 500 each: an address longer than the column, a slug that is no slug
+        (
+            "/api/v1/tenants/protein-lab/",
+            "patch",
+            {"contact_email": "a" * 250 + "@example.org"},
+            "contact_email",
+        ),
+        ("/api/v1/tenants/", "post", {"slug": "Team_A", "name": "A"}, "slug"),
     ],
 )
 def test_tenant_and_member_writes_name_the_bad_field(client_for, admin_user, owner, url, method, body, field):
@@ -100,3 +108,36 @@ def test_decisions_name_the_bad_field(client_for, admin_user, owner, catalog, bo
 def test_a_non_numeric_id_is_404_not_500(client_for, owner):
     assert client_for(owner).get("/api/v1/quota-requests/abc/").status_code == 404
     assert client_for(owner).get("/api/v1/quotas/99999999999999999999/").status_code == 404
+
+
+# PostgreSQL refuses a NUL byte in a text parameter (psycopg raises DataError, not ValueError).
+@pytest.mark.parametrize("method", ["patch", "delete"])
+def test_a_nul_byte_as_a_members_name_is_404(client_for, owner, method):
+    response = getattr(client_for(owner), method)(
+        "/api/v1/tenants/protein-lab/members/a%00b/", {"role": "viewer"}, format="json"
+    )
+    assert_problem(response, 404, "not_found")
+
+
+def test_a_new_tenants_owner_with_a_nul_byte_is_400(client_for, admin_user):
+    body = {"slug": "new-team", "name": "New", "owner": "ad\x00min"}
+    response = client_for(admin_user).post("/api/v1/tenants/", body, format="json")
+    assert list(assert_problem(response, 400, "invalid")["errors"]) == ["owner"]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"), [({"name": 0}, "name"), ({"contact_email": True}, "contact_email")]
+)
+def test_a_string_field_refuses_another_json_type(client_for, owner, change, field):
+    # DRF's CharField reads 0 as "0".
+    response = client_for(owner).patch("/api/v1/tenants/protein-lab/", change, format="json")
+    assert list(assert_problem(response, 400, "invalid")["errors"]) == [field]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [({"gpus": "8"}, "gpus"), ({"gpus": True}, "gpus"), ({"gpu_hours": "5"}, "gpu_hours")],
+)
+def test_a_number_field_refuses_a_string(client_for, owner, catalog, change, field):
+    response = client_for(owner).post("/api/v1/quota-requests/", request_body(**change), format="json")
+    assert field in assert_problem(response, 400, "invalid")["errors"]
