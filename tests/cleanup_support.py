@@ -1,4 +1,4 @@
-"""What the cleanup tests share (tests/test_cleanup_services.py, tests/test_cleanup_records.py):
+"""What the cleanup tests share (tests/jobs/test_cleanup_services.py, tests/jobs/test_cleanup_records.py):
 a job submitted through the service to their local cluster "cleanup-local", the wait for jobs to
 reach a state as beat would poll them, and a grant made to have ended yesterday."""
 

@@ -1,4 +1,4 @@
-"""What the fault tests share (tests/test_faults_*.py): real Celery workers that a test may kill,
+"""What the fault tests share (tests/faults/): real Celery workers that a test may kill,
 a loopback peer that never answers, and Slurm's own count of jobs per portal token: the figure
 every fault is judged by. Their tenant on the Slurm testbed comes from tests/slurm_support.py."""
 

@@ -1,6 +1,6 @@
 """What the local backend's tests share: a backend whose state directory is the test's, a job spec
 for it, and the wait for a job's process group to be gone. Child processes that stand in for a
-Celery worker import this module too (tests/test_backend_local.py)."""
+Celery worker import this module too (tests/clusters/test_backend_local.py)."""
 
 import time
 from pathlib import Path

@@ -20,25 +20,23 @@ from jobs.models import Job, JobEvent, JobState
 from jobs.services import job_dispatch, retention_apply, scratch_purge
 from portal.celery import app
 from portal.core.models import AuditEvent
-from tests import test_cleanup_services as local
 from tests.cleanup_support import end_grant, submit, wait_for
+from tests.conftest import ROOT
 from tests.factories import TenantFactory
-
-# The local cluster's fixtures, shared with the services' tests.
-cluster, broken_cluster = local.cluster, local.broken_cluster
 
 pytestmark = pytest.mark.grant(gpus=8)  # the grant fixture's grant
 
-ROOT = Path(__file__).resolve().parent.parent
 DAY_S = 86_400
 
 
 # --- 5. Scratch
 
 
-def test_scratch_purge_deletes_old_files_refuses_links_out_and_audits(settings, tmp_path, tenant, cluster):
+def test_scratch_purge_deletes_old_files_refuses_links_out_and_audits(
+    settings, tmp_path, tenant, cleanup_cluster
+):
     settings.SCRATCH_PURGE_DAYS = 30
-    scratch = Path(django_settings.VAR_DIR) / "local-cluster" / cluster.slug / "scratch" / tenant.slug
+    scratch = Path(django_settings.VAR_DIR) / "local-cluster" / cleanup_cluster.slug / "scratch" / tenant.slug
     (scratch / "run-1").mkdir(parents=True, exist_ok=True)
     old, new, link = scratch / "run-1" / "old.ckpt", scratch / "new.ckpt", scratch / "outside"
     old.write_bytes(b"x" * 1000)
@@ -63,7 +61,7 @@ def test_scratch_purge_deletes_old_files_refuses_links_out_and_audits(settings, 
     assert (audit.actor_id, audit.tenant_slug, audit.target_id) == (None, tenant.slug, str(tenant.pk))
     assert audit.data["deleted"] == ["run-1/old.ckpt"] and list(audit.data["refused"]) == ["outside"]
     assert (audit.data["cluster"], audit.data["files_deleted"], audit.data["bytes_freed"]) == (
-        cluster.slug,
+        cleanup_cluster.slug,
         1,
         1000,
     )
@@ -74,13 +72,13 @@ def test_scratch_purge_deletes_old_files_refuses_links_out_and_audits(settings, 
 
 
 def test_the_daily_purge_sends_one_task_per_cluster_and_tenant_and_each_purges(
-    celery_worker, tenant, cluster
+    celery_worker, tenant, cleanup_cluster
 ):
     from clusters.models import Cluster
     from jobs.tasks import purge_scratch
     from tenants.models import Tenant
 
-    scratch = Path(django_settings.VAR_DIR) / "local-cluster" / cluster.slug / "scratch" / tenant.slug
+    scratch = Path(django_settings.VAR_DIR) / "local-cluster" / cleanup_cluster.slug / "scratch" / tenant.slug
     scratch.mkdir(parents=True, exist_ok=True)
     old = scratch / "old.ckpt"
     old.write_bytes(b"x" * 10)
@@ -106,7 +104,9 @@ def run_to_end(job: Job) -> Job:
     return job
 
 
-def test_old_timelines_keep_their_first_and_last_event(settings, member, tenant, catalog, cluster, grant):
+def test_old_timelines_keep_their_first_and_last_event(
+    settings, member, tenant, catalog, cleanup_cluster, grant
+):
     settings.JOB_EVENT_RETENTION_DAYS = 365
     old = run_to_end(submit(member, tenant, catalog, script="#!/bin/bash\ntrue\n"))
     recent = run_to_end(submit(member, tenant, catalog, script="#!/bin/bash\ntrue\n"))
@@ -140,35 +140,41 @@ def test_old_timelines_keep_their_first_and_last_event(settings, member, tenant,
 
 
 def test_retention_deletes_the_scheduler_records_of_jobs_ended_long_enough_ago(
-    settings, broken_cluster, member, tenant, catalog, cluster, grant
+    settings, broken_cluster, member, tenant, catalog, cleanup_cluster, grant
 ):
     settings.JOB_LOG_RETENTION_DAYS = 0
     retention_apply()  # the records earlier runs of the suite left in this cluster's state directory
     settings.JOB_LOG_RETENTION_DAYS = 90
     job = run_to_end(submit(member, tenant, catalog, script="#!/bin/bash\necho kept\n"))
-    backend = backend_of(cluster)
+    backend = backend_of(cleanup_cluster)
     report = retention_apply()
-    assert report.scheduler_objects[cluster.slug] == [] and report.unreachable == ["cleanup-broken"]
+    assert report.scheduler_objects[cleanup_cluster.slug] == [] and report.unreachable == ["cleanup-broken"]
     assert backend.find(job.token) == job.backend_id  # ended seconds ago: kept
 
     settings.JOB_LOG_RETENTION_DAYS = 0  # every ended job is old enough: no need to wait 90 days
     dry = retention_apply(dry_run=True)
-    assert job.backend_id in dry.scheduler_objects[cluster.slug] and backend.find(job.token) == job.backend_id
+    assert (
+        job.backend_id in dry.scheduler_objects[cleanup_cluster.slug]
+        and backend.find(job.token) == job.backend_id
+    )
     report = retention_apply()
-    assert job.backend_id in report.scheduler_objects[cluster.slug]
+    assert job.backend_id in report.scheduler_objects[cleanup_cluster.slug]
     assert backend.find(job.token) is None
     ref = JobRef(backend_id=job.backend_id, token=job.token, account=tenant.slug)
     assert backend.log_tail(ref, lines=10, max_bytes=1000).lines == []
     audit = AuditEvent.objects.filter(action="scheduler.delete_finished").latest("pk")
-    assert (audit.target_id, audit.actor_id) == (str(cluster.pk), None) and job.backend_id in audit.data[
-        "ids"
-    ]
+    assert (audit.target_id, audit.actor_id) == (
+        str(cleanup_cluster.pk),
+        None,
+    ) and job.backend_id in audit.data["ids"]
 
 
 # --- The management command
 
 
-def test_the_cleanup_command_runs_one_service_and_prints_its_report(member, tenant, catalog, cluster, grant):
+def test_the_cleanup_command_runs_one_service_and_prints_its_report(
+    member, tenant, catalog, cleanup_cluster, grant
+):
     job = submit(member, tenant, catalog)
     end_grant(grant)
     out = io.StringIO()

@@ -5,7 +5,6 @@ cluster of its own ("cleanup-local"), so that no other test's jobs hold its GPUs
 import threading
 import uuid
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from django.conf import settings as django_settings
@@ -31,7 +30,6 @@ from tenants.errors import TenantSuspended
 from tenants.models import TenantState
 from tenants.services import tenant_update
 from tests.cleanup_support import LONG, end_grant, submit, wait_for
-from tests.factories import ClusterFactory, PartitionFactory
 
 pytestmark = pytest.mark.grant(gpus=8)  # the grant fixture's grant
 
@@ -39,37 +37,7 @@ TODAY = timezone.localdate()
 SHORT = "#!/bin/bash\nsleep 1\n"
 
 
-# --- Fixtures and helpers
-
-
-@pytest.fixture
-def cluster(catalog):
-    """A local cluster of 4 real GPUs whose partition declares 8, so that the portal admits two
-    4-GPU jobs and the second waits in the local scheduler's own queue (PENDING)."""
-    cluster = ClusterFactory(slug="cleanup-local", name="Cleanup", local_gpus=4)
-    PartitionFactory(
-        cluster=cluster,
-        gpu_model=catalog[1],
-        max_walltime_minutes=60,
-        max_cpus_per_gpu=1,
-        max_mem_per_gpu_mb=1000,
-    )
-    yield cluster
-    backend = backend_of(cluster)
-    for backend_id in (
-        Job.objects.filter(cluster=cluster).exclude(backend_id="").values_list("backend_id", flat=True)
-    ):
-        backend.cancel(backend_id)  # no process of ours outlives the test
-
-
-@pytest.fixture
-def broken_cluster(db, tmp_path):
-    """An enabled local cluster whose state directory is a file: every call raises BackendUnavailable."""
-    path = Path(django_settings.VAR_DIR) / "local-cluster" / "cleanup-broken"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("not a directory")
-    yield ClusterFactory(slug="cleanup-broken", name="Broken", local_gpus=1)
-    path.unlink()
+# --- Helpers
 
 
 def state_of(job: Job) -> tuple[str, str]:
@@ -101,7 +69,7 @@ def three_jobs(member, tenant, catalog) -> tuple[Job, Job, Job]:
 
 
 def test_walltime_cap_cancels_only_the_job_running_past_the_cap(
-    celery_worker, member, tenant, catalog, cluster, grant
+    celery_worker, member, tenant, catalog, cleanup_cluster, grant
 ):
     old = submit(member, tenant, catalog)
     young = submit(member, tenant, catalog)
@@ -129,7 +97,7 @@ def test_walltime_cap_cancels_only_the_job_running_past_the_cap(
 
 
 def test_an_ended_grant_cancels_waiting_jobs_and_leaves_running_ones_unless_told(
-    celery_worker, settings, member, tenant, catalog, cluster, grant
+    celery_worker, settings, member, tenant, catalog, cleanup_cluster, grant
 ):
     settings.GRANT_END_CANCEL_RUNNING = False
     running, pending, queued = three_jobs(member, tenant, catalog)
@@ -173,7 +141,7 @@ def test_an_ended_grant_cancels_waiting_jobs_and_leaves_running_ones_unless_told
 
 
 def test_two_runs_at_once_cancel_each_job_of_an_ended_grant_once(
-    transactional_db, member, tenant, catalog, cluster, grant
+    transactional_db, member, tenant, catalog, cleanup_cluster, grant
 ):
     jobs = [submit(member, tenant, catalog, gpus=2) for _ in range(4)]  # admitted, never dispatched here
     end_grant(grant)
@@ -199,14 +167,16 @@ def test_two_runs_at_once_cancel_each_job_of_an_ended_grant_once(
     assert (grant.gpus_in_use, grant.gpu_hours_reserved) == (0, 0)
 
 
-def test_dispatch_refuses_a_job_whose_grant_ended_after_admission(member, tenant, catalog, cluster, grant):
+def test_dispatch_refuses_a_job_whose_grant_ended_after_admission(
+    member, tenant, catalog, cleanup_cluster, grant
+):
     job = submit(member, tenant, catalog)  # admitted; its dispatch would follow on commit
     assert job.holds_gpus
     end_grant(grant)
     job_dispatch(job_id=job.pk)
     job.refresh_from_db()
     assert (job.state, job.reason, job.holds_gpus, job.backend_id) == ("QUEUED", "grant_ended", False, "")
-    assert backend_of(cluster).find(job.token) is None
+    assert backend_of(cleanup_cluster).find(job.token) is None
     grant.refresh_from_db()
     assert grant.gpus_in_use == 0
     assert grants_end().cancelled == [job.pk]
@@ -215,7 +185,9 @@ def test_dispatch_refuses_a_job_whose_grant_ended_after_admission(member, tenant
     assert grant.gpu_hours_reserved == 0
 
 
-def test_cleanup_dry_run_setting_makes_every_run_a_dry_run(settings, member, tenant, catalog, cluster, grant):
+def test_cleanup_dry_run_setting_makes_every_run_a_dry_run(
+    settings, member, tenant, catalog, cleanup_cluster, grant
+):
     settings.CLEANUP_DRY_RUN = True
     job = submit(member, tenant, catalog)
     end_grant(grant)
@@ -231,7 +203,7 @@ def test_cleanup_dry_run_setting_makes_every_run_a_dry_run(settings, member, ten
 
 
 def test_a_suspended_tenant_gets_no_new_work_and_its_held_jobs_come_back(
-    celery_worker, settings, admin_user, member, tenant, catalog, cluster, grant
+    celery_worker, settings, admin_user, member, tenant, catalog, cleanup_cluster, grant
 ):
     settings.SUSPENDED_CANCEL_RUNNING = False
     running, pending, queued = three_jobs(member, tenant, catalog)
@@ -261,7 +233,7 @@ def test_a_suspended_tenant_gets_no_new_work_and_its_held_jobs_come_back(
 
 
 def test_dispatch_refuses_a_job_whose_tenant_was_suspended_after_admission(
-    member, tenant, catalog, cluster, grant
+    member, tenant, catalog, cleanup_cluster, grant
 ):
     job = submit(member, tenant, catalog)
     tenant.state = TenantState.SUSPENDED
@@ -274,7 +246,7 @@ def test_dispatch_refuses_a_job_whose_tenant_was_suspended_after_admission(
         False,
         "",
     )
-    assert backend_of(cluster).find(job.token) is None
+    assert backend_of(cleanup_cluster).find(job.token) is None
     grant.refresh_from_db()
     assert grant.gpus_in_use == 0
     assert tenants_hold_suspended().held == [job.pk]  # held, not cancelled: a suspension can end
@@ -292,11 +264,11 @@ def spec(token: str, account: str) -> JobSpec:
 
 
 def test_orphans_are_reported_once_and_cancelled_when_the_setting_says(
-    settings, broken_cluster, member, tenant, catalog, cluster, grant
+    settings, broken_cluster, member, tenant, catalog, cleanup_cluster, grant
 ):
-    assert broken_cluster.pk < cluster.pk  # the unreachable one comes first and stops nothing
+    assert broken_cluster.pk < cleanup_cluster.pk  # the unreachable one comes first and stops nothing
     settings.ORPHAN_CANCEL = False
-    backend = backend_of(cluster)
+    backend = backend_of(cleanup_cluster)
     known = submit(member, tenant, catalog, gpus=1)
     job_dispatch(job_id=known.pk)
     known.refresh_from_db()
@@ -332,7 +304,7 @@ def test_orphans_are_reported_once_and_cancelled_when_the_setting_says(
         assert orphans_find().orphans == report.orphans  # reported each run, audited once
         audit = AuditEvent.objects.get(action="job.orphan", data__backend_id=orphan)
         assert (audit.target_id, audit.tenant_slug, audit.data["cancelled"]) == (
-            str(cluster.pk),
+            str(cleanup_cluster.pk),
             tenant.slug,
             False,
         )

@@ -1,5 +1,5 @@
 """The tenant pages rendered on the server: dashboard, job list, job page, cancel, switcher.
-Django's test client, no browser (tests/test_pages_browser.py drives Chromium)."""
+Django's test client, no browser (tests/pages/test_pages_browser.py drives Chromium)."""
 
 import re
 import subprocess

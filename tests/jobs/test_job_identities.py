@@ -3,7 +3,7 @@ the tenant's (its own setting, else the cluster's template) or the researcher's 
 username; a submission with none answers 400 naming `cluster`; the identity is fixed on the job
 at submission; the team page says whether each account is ready. The submissions here stop at
 the portal (the cluster record has no reachable login node): what reaches Slurm, and what a
-hostile job can do there, is tests/test_slurm_hostile.py's."""
+hostile job can do there, is tests/clusters/test_slurm_hostile.py's."""
 
 import pytest
 from django.utils import timezone

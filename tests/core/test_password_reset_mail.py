@@ -59,7 +59,7 @@ def test_known_and_unknown_addresses_get_the_same_answer_after_the_same_work(cli
 
 @pytest.fixture
 def eager_tasks(db):
-    """The mail task runs in the test's process (its outbox), as in test_pages_password_reset.py."""
+    """The mail task runs in the test's process (its outbox), as in tests/pages/test_pages_password_reset.py."""
     from portal.celery import app
 
     app.conf.task_always_eager = True

@@ -4,7 +4,6 @@
 import math
 import re
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 
@@ -23,8 +22,9 @@ from clusters.gpu_metrics import (
     parse_query_gpu,
     samples_by_index,
 )
+from tests.conftest import ROOT
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nvidia-smi" / "h200"
+FIXTURES = ROOT.parent / "shared" / "fixtures" / "nvidia-smi" / "h200"
 H200_UUID = "GPU-75bdf912-4cc4-0a16-d75d-86bb37ecacb3"
 
 

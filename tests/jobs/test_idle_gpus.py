@@ -23,12 +23,13 @@ from jobs.models import Job, JobEvent, JobState
 from jobs.services import jobs_watch_idle
 from jobs.tasks import watch_idle_gpus
 from portal.core.models import AuditEvent
+from tests.conftest import ROOT
 from tests.factories import JobFactory
 
 # Stands in for nvidia-smi on this GPU-less machine: it prints the real captures of an H200
 # (shared/fixtures/nvidia-smi/h200) for the exact arguments the local backend runs;
 # NVIDIA_SMI_REPLAY=idle|busy picks the capture, hang and nodriver the failures.
-REPLAY = Path(__file__).resolve().parent / "nvidia_smi_replay.sh"
+REPLAY = ROOT / "tests" / "nvidia_smi_replay.sh"
 WINDOW = timedelta(minutes=120)
 
 

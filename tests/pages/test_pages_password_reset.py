@@ -21,7 +21,7 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 @pytest.fixture(autouse=True)
 def _mail_task_runs_in_the_test():
     """The mail is a Celery task (portal.core.tasks.send_password_reset); here it runs in the
-    test's process so that it lands in the locmem outbox. tests/test_password_reset_mail.py
+    test's process so that it lands in the locmem outbox. tests/core/test_password_reset_mail.py
     sends it through a real worker."""
     from portal.celery import app
 
