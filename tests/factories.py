@@ -46,52 +46,53 @@ class MembershipFactory(factory.django.DjangoModelFactory):
     role = Role.MEMBER
 
 
-class QuotaGrantFactory(factory.django.DjangoModelFactory):
-    """An active grant: 4 GPUs at once and 100 GPU-hours from today for `days` (30) days, on the
-    catalog's pair (ai-training, H100-80GB: the `catalog` fixture) unless told otherwise."""
+class _QuotaFactory(factory.django.DjangoModelFactory):
+    """What a grant and a request share: a tenant, a (scenario, GPU model) pair, the catalog's
+    (ai-training, H100-80GB: the `catalog` fixture) unless told otherwise, and `days` from today."""
 
     class Meta:
-        model = QuotaGrant
+        abstract = True
 
     class Params:
         pair = factory.LazyFunction(lambda: catalog_pair())
         days = 30
 
     tenant = factory.SubFactory(TenantFactory)
-    scenario = factory.LazyAttribute(lambda g: g.pair[0])
-    gpu_model = factory.LazyAttribute(lambda g: g.pair[1])
-    gpus = 4
-    gpu_hours = Decimal(100)
+    scenario = factory.LazyAttribute(lambda q: q.pair[0])
+    gpu_model = factory.LazyAttribute(lambda q: q.pair[1])
     starts_on = factory.LazyFunction(timezone.localdate)
-    ends_on = factory.LazyAttribute(lambda g: g.starts_on + timedelta(days=g.days))
+    ends_on = factory.LazyAttribute(lambda q: q.starts_on + timedelta(days=q.days))
 
     @classmethod
     def _adjust_kwargs(cls, **kwargs):
-        # The ledger's figures as the database hands them back: gpu_hours=10 reads as Decimal(10).
+        # The figures as the database hands them back: gpu_hours=10 reads as Decimal(10).
         for name in ("gpu_hours", "gpu_hours_reserved", "gpu_hours_used"):
             if name in kwargs:
                 kwargs[name] = Decimal(str(kwargs[name]))
         return kwargs
 
 
-class QuotaRequestFactory(factory.django.DjangoModelFactory):
-    """A pending request for 8 GPUs at once and 500 GPU-hours from today for `days` (60) days, on the
-    catalog's pair unless told otherwise."""
+class QuotaGrantFactory(_QuotaFactory):
+    """An active grant: 4 GPUs at once and 100 GPU-hours for 30 days."""
+
+    class Meta:
+        model = QuotaGrant
+
+    gpus = 4
+    gpu_hours = Decimal(100)
+
+
+class QuotaRequestFactory(_QuotaFactory):
+    """A pending request for 8 GPUs at once and 500 GPU-hours for 60 days."""
 
     class Meta:
         model = QuotaRequest
 
     class Params:
-        pair = factory.LazyFunction(lambda: catalog_pair())
         days = 60
 
-    tenant = factory.SubFactory(TenantFactory)
-    scenario = factory.LazyAttribute(lambda r: r.pair[0])
-    gpu_model = factory.LazyAttribute(lambda r: r.pair[1])
     gpus = 8
     gpu_hours = Decimal(500)
-    starts_on = factory.LazyFunction(timezone.localdate)
-    ends_on = factory.LazyAttribute(lambda r: r.starts_on + timedelta(days=r.days))
     justification = "Protein LM"
 
 

@@ -56,15 +56,9 @@ def make_gpu_model(slug: str) -> GpuModel:
 
 def make_cluster(slug: str, *, enabled: bool = True, partitions: int = 2) -> Cluster:
     cluster = ClusterFactory(
-        slug=slug,
-        kind="slurm",
-        enabled=enabled,
-        ssh_host="login.example.org",
-        ssh_user="portal",
-        ssh_private_key=SECRET_KEY_TEXT,
-        k8s_token=SECRET_TOKEN_TEXT,
-        kubeconfig=SECRET_KUBECONFIG_TEXT,
-    )
+        slug=slug, kind="slurm", enabled=enabled, ssh_host="login.example.org", ssh_user="portal",
+        ssh_private_key=SECRET_KEY_TEXT, k8s_token=SECRET_TOKEN_TEXT, kubeconfig=SECRET_KUBECONFIG_TEXT,
+    )  # fmt: skip
     h100 = GpuModel.objects.get(slug="h100-80gb")
     for n in range(partitions):
         PartitionFactory(

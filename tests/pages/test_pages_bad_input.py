@@ -8,7 +8,7 @@ import pytest
 from django.contrib import admin
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
-from tenants.models import QuotaRequest
+from tests.factories import QuotaRequestFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -59,11 +59,9 @@ IMPOSSIBLE_IDS = ["9" * 30, "abc", "%C2%B2", "-1"]
 @pytest.fixture
 def world(admin_user, tenant, member, make_job, catalog):
     job = make_job(member)
-    scenario, gpu_model = catalog
-    quota_request = QuotaRequest.objects.create(
-        tenant=tenant, scenario=scenario, gpu_model=gpu_model, gpus=1, gpu_hours=10, requested_by=member,
-        starts_on=job.created.date(), ends_on=job.created.date(), justification="x",
-    )  # fmt: skip
+    quota_request = QuotaRequestFactory(
+        tenant=tenant, pair=catalog, gpus=1, gpu_hours=10, requested_by=member, days=0, justification="x"
+    )
     return {
         "slug": tenant.slug,
         "job_id": str(job.pk),

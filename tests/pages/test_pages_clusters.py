@@ -13,8 +13,8 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from clusters.models import Cluster, GpuModel
-from tests.browser import browser_page, screenshot
-from tests.factories import PASSWORD, ClusterFactory, PartitionFactory, QuotaGrantFactory
+from tests.browser import browser_page, log_in, screenshot
+from tests.factories import ClusterFactory, PartitionFactory, QuotaGrantFactory
 
 # Playwright's sync API runs an event loop in this thread; the ORM calls happen before it.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -239,11 +239,7 @@ def test_member_opens_the_clusters_tab_and_switches_it_to_chinese(
     )  # fmt: skip
     base = live_server.url
     with browser_page() as page:
-        page.goto(f"{base}/accounts/login/")
-        page.get_by_label("Username").fill("member")
-        page.get_by_label("Password").fill(PASSWORD)
-        page.keyboard.press("Enter")
-        page.wait_for_url(f"{base}/t/protein-lab/")
+        log_in(page, base, "member")
         page.get_by_role("link", name="Clusters", exact=True).click()
         page.wait_for_url(f"{base}{URL}")
         expect(page.get_by_role("link", name="Clusters", exact=True)).to_have_attribute(

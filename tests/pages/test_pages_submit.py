@@ -130,17 +130,12 @@ def test_a_member_submits_in_chromium_and_lands_on_the_job_page(
 
     from playwright.sync_api import expect
 
-    from tests.browser import browser_page, screenshot
-    from tests.factories import PASSWORD
+    from tests.browser import browser_page, log_in, screenshot
 
     os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     base = live_server.url
     with browser_page() as page:
-        page.goto(f"{base}/accounts/login/")
-        page.get_by_label("Username").fill("member")
-        page.get_by_label("Password").fill(PASSWORD)
-        page.keyboard.press("Enter")
-        page.wait_for_url(f"{base}/t/protein-lab/")
+        log_in(page, base, "member")
         page.get_by_role("link", name="Submit a job").click()
         expect(page.get_by_role("heading", level=1)).to_have_text("Submit a job")
         page.get_by_label("Name", exact=True).fill("browser-job")

@@ -13,7 +13,7 @@ from jobs.models import Job
 from tenants.models import Membership, QuotaRequest, Role
 from tests.api_support import request_body
 from tests.conftest import join
-from tests.factories import UserFactory
+from tests.factories import QuotaRequestFactory, UserFactory
 from tests.jobs_support import JOB
 
 pytestmark = pytest.mark.django_db
@@ -26,11 +26,9 @@ BAD_BODIES = [None, {}, [], "x", {"username": "\x00", "role": "god", "name": 7, 
 def theirs(tenant, member, make_job, catalog):
     """protein-lab's objects, which the outsider (of other-team) may not see."""
     job = make_job(member)
-    scenario, gpu_model = catalog
-    quota_request = QuotaRequest.objects.create(
-        tenant=tenant, scenario=scenario, gpu_model=gpu_model, gpus=1, gpu_hours=10, requested_by=member,
-        starts_on=job.created.date(), ends_on=job.created.date(), justification="x",
-    )  # fmt: skip
+    quota_request = QuotaRequestFactory(
+        tenant=tenant, pair=catalog, gpus=1, gpu_hours=10, requested_by=member, days=0, justification="x"
+    )
     return {"job": job.pk, "req": quota_request.pk}
 
 

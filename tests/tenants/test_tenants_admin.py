@@ -22,6 +22,22 @@ def admin_client(client, admin_user):
     return client
 
 
+def change_form(tenant, roles: dict[Membership, str], **fields) -> dict:
+    """The tenant's change form in the console: its fields (`fields` replacing them) and a row per
+    membership with the role it is to have."""
+    data = {
+        "slug": tenant.slug, "name": tenant.name, "tier": tenant.tier, "state": "active", "contact_email": "",
+        "memberships-TOTAL_FORMS": str(len(roles)), "memberships-INITIAL_FORMS": str(len(roles)),
+        "memberships-MIN_NUM_FORMS": "0", "memberships-MAX_NUM_FORMS": "1000",
+        "cluster_accounts-TOTAL_FORMS": "0", "cluster_accounts-INITIAL_FORMS": "0",
+        "cluster_accounts-MIN_NUM_FORMS": "0", "cluster_accounts-MAX_NUM_FORMS": "1000",
+    } | fields  # fmt: skip
+    for i, (membership, role) in enumerate(roles.items()):
+        data |= {f"memberships-{i}-{key}": value for key, value in
+                 (("id", str(membership.pk)), ("tenant", str(tenant.pk)), ("role", role))}  # fmt: skip
+    return data
+
+
 def test_decide_page_shows_the_request_beside_the_tenants_grants(admin_client, tenant, catalog):
     QuotaGrantFactory(tenant=tenant, gpus=4, gpu_hours=100, gpu_hours_used=42, days=5)
     request = QuotaRequestFactory(tenant=tenant)
@@ -74,16 +90,9 @@ def test_bulk_reject_asks_for_a_note_then_decides_each(admin_client, tenant, cat
 
 def test_member_inline_goes_through_the_services(admin_client, tenant, owner):
     newbie = UserFactory(username="newbie")
-    owner_row = Membership.objects.get(user=owner)
-    data = {
-        "slug": tenant.slug, "name": tenant.name, "tier": "high", "state": "active", "contact_email": "",
-        "memberships-TOTAL_FORMS": "2", "memberships-INITIAL_FORMS": "1",
-        "memberships-MIN_NUM_FORMS": "0", "memberships-MAX_NUM_FORMS": "1000",
-        "cluster_accounts-TOTAL_FORMS": "0", "cluster_accounts-INITIAL_FORMS": "0",
-        "cluster_accounts-MIN_NUM_FORMS": "0", "cluster_accounts-MAX_NUM_FORMS": "1000",
-        "memberships-0-id": str(owner_row.pk), "memberships-0-tenant": str(tenant.pk), "memberships-0-role": "owner",
-        "memberships-1-id": "", "memberships-1-tenant": str(tenant.pk), "memberships-1-user": str(newbie.pk),
-        "memberships-1-role": "manager",
+    data = change_form(tenant, {Membership.objects.get(user=owner): "owner"}, tier="high") | {
+        "memberships-TOTAL_FORMS": "2", "memberships-1-id": "", "memberships-1-tenant": str(tenant.pk),
+        "memberships-1-user": str(newbie.pk), "memberships-1-role": "manager",
     }  # fmt: skip
     response = admin_client.post(f"/admin/tenants/tenant/{tenant.pk}/change/", data)
     assert response.status_code == 302, response.content.decode()[-3000:]
@@ -94,15 +103,9 @@ def test_member_inline_goes_through_the_services(admin_client, tenant, owner):
 
 def test_the_console_keeps_the_last_owner(admin_client, tenant, owner):
     owner_row = Membership.objects.get(user=owner)
-    data = {
-        "slug": tenant.slug, "name": tenant.name, "tier": tenant.tier, "state": "active", "contact_email": "",
-        "memberships-TOTAL_FORMS": "1", "memberships-INITIAL_FORMS": "1",
-        "memberships-MIN_NUM_FORMS": "0", "memberships-MAX_NUM_FORMS": "1000",
-        "cluster_accounts-TOTAL_FORMS": "0", "cluster_accounts-INITIAL_FORMS": "0",
-        "cluster_accounts-MIN_NUM_FORMS": "0", "cluster_accounts-MAX_NUM_FORMS": "1000",
-        "memberships-0-id": str(owner_row.pk), "memberships-0-tenant": str(tenant.pk), "memberships-0-role": "viewer",
-    }  # fmt: skip
-    response = admin_client.post(f"/admin/tenants/tenant/{tenant.pk}/change/", data)
+    response = admin_client.post(
+        f"/admin/tenants/tenant/{tenant.pk}/change/", change_form(tenant, {owner_row: "viewer"})
+    )
     assert response.status_code == 200
     assert "keeps at least one owner" in response.content.decode()
     assert Membership.objects.get(pk=owner_row.pk).role == Role.OWNER
@@ -113,20 +116,11 @@ def test_audit_log_is_read_only(admin_client):
     assert admin_client.get("/admin/core/auditevent/add/").status_code == 403
 
 
-def test_the_console_hands_a_tenant_from_one_owner_to_another_in_one_save(client, admin_user, tenant, owner):
-    client.force_login(admin_user)
+def test_the_console_hands_a_tenant_from_one_owner_to_another_in_one_save(admin_client, tenant, owner):
     heir = join(tenant, "heir", Role.MEMBER)
     rows = {m.user.username: m for m in Membership.objects.filter(tenant=tenant)}
-    data = {
-        "slug": tenant.slug, "name": tenant.name, "tier": tenant.tier, "state": "active", "contact_email": "",
-        "memberships-TOTAL_FORMS": "2", "memberships-INITIAL_FORMS": "2",
-        "memberships-MIN_NUM_FORMS": "0", "memberships-MAX_NUM_FORMS": "1000",
-        "cluster_accounts-TOTAL_FORMS": "0", "cluster_accounts-INITIAL_FORMS": "0",
-        "cluster_accounts-MIN_NUM_FORMS": "0", "cluster_accounts-MAX_NUM_FORMS": "1000",
-        "memberships-0-id": str(rows["owner"].pk), "memberships-0-tenant": str(tenant.pk), "memberships-0-role": "manager",
-        "memberships-1-id": str(rows["heir"].pk), "memberships-1-tenant": str(tenant.pk), "memberships-1-role": "owner",
-    }  # fmt: skip
-    response = client.post(f"/admin/tenants/tenant/{tenant.pk}/change/", data)
+    data = change_form(tenant, {rows["owner"]: "manager", rows["heir"]: "owner"})
+    response = admin_client.post(f"/admin/tenants/tenant/{tenant.pk}/change/", data)
     assert response.status_code == 302
     assert Membership.objects.get(user=heir).role == Role.OWNER
     assert Membership.objects.get(user=owner).role == Role.MANAGER
