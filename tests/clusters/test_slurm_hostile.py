@@ -11,7 +11,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from django.utils import timezone
 
 from clusters.backends.base import JobRef
 from clusters.services import backend_of
@@ -23,7 +22,6 @@ from tests.factories import QuotaGrantFactory
 from tests.testbed.env import testbed_env
 from tests.wait_support import wait_until
 
-TODAY = timezone.localdate()
 PLANTED_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostileHostileHostileHostileHostileHost attacker"
 
 # The attacker's script: one line "ATTEMPT <name> rc=<exit status>" per attack, whatever it got.

@@ -24,7 +24,6 @@ from tests.factories import QuotaGrantFactory
 from tests.jobs_support import api_submit
 from tests.jobs_support import follow as follow_job
 
-TODAY = timezone.localdate()
 SCRIPT = "#!/bin/bash\necho gpus=$CUDA_VISIBLE_DEVICES\nsleep 2\n"
 
 

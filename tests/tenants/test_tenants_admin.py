@@ -2,7 +2,6 @@
 
 import pytest
 from django.core import mail
-from django.utils import timezone
 
 from portal.core.models import AuditEvent
 from tenants.models import Membership, QuotaGrant, QuotaRequest, RequestState, Role, Tenant
@@ -12,8 +11,6 @@ from tests.conftest import join
 from tests.factories import QuotaGrantFactory, QuotaRequestFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
-
-TODAY = timezone.localdate()
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
 
 from portal.core.services import audit_record
 from tenants.models import Role
@@ -12,7 +11,6 @@ from tests.factories import QuotaGrantFactory, QuotaRequestFactory, TenantFactor
 
 pytestmark = pytest.mark.django_db
 
-TODAY = timezone.localdate()
 BUDGET = 6  # token, token touch at most, visibility subquery, page, plus the endpoint's own lookups
 
 
