@@ -3,7 +3,7 @@ grow with the page size (no query per row).
 
 Runs in this process through Django's test client against the database the environment names
 (`scripts/stack env` for the bench stack), as one user of the site file that `manage.py
-seed_site --out` wrote. Prints a table; asserts nothing (tests/test_api_query_counts.py does).
+seed_site --out` wrote. Prints a table; asserts nothing (tests/core/test_api_query_counts.py does).
 Each request starts without the process's catalog names (clusters.selectors.catalog_names), so
 the counts are those of a worker's first request: later ones read one query fewer.
 

@@ -103,7 +103,7 @@ class JobListOut(serializers.ListSerializer):
 # column of the job is shown as ModelSerializer maps its model field; the fields declared here
 # are shown otherwise, their source that column in DRF's spelling. The schema is these fields;
 # each answer is built from a row of the columns (job_answer), equal to what DRF's walk over
-# these fields answers (tests/test_job_answer.py). (No docstring: it would be the schema's.)
+# these fields answers (tests/jobs/test_job_answer.py). (No docstring: it would be the schema's.)
 class JobOut(serializers.ModelSerializer):
     id = serializers.CharField(read_only=True)
     tenant = serializers.CharField(source="tenant.slug")

@@ -15,7 +15,15 @@ from clusters.selectors import catalog_names_forget
 from portal.core.services import token_create
 from tenants.models import Role
 from tenants.services import membership_add
-from tests.factories import TenantFactory, UserFactory, catalog_pair
+from tests.factories import (
+    ClusterFactory,
+    JobFactory,
+    PartitionFactory,
+    QuotaGrantFactory,
+    TenantFactory,
+    UserFactory,
+    catalog_pair,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -58,7 +66,7 @@ def _clean_cache() -> None:
     catalog_names_forget()
 
 
-# --- Personas (STYLE.md): platform admin, tenant owner, member, viewer, outsider.
+# --- Personas: platform admin, tenant owner, member, viewer, outsider.
 
 
 def join(tenant, username: str, role: Role):
@@ -136,61 +144,31 @@ def testbed(transactional_db, catalog):
 @pytest.fixture
 def local_partition(catalog):
     """A local cluster of 4 GPUs whose partition offers the catalog's GPU model."""
-    from clusters.models import Cluster, Partition
-
-    cluster = Cluster.objects.create(slug="local", name="Local", kind="local", local_gpus=4, healthy=True)
-    return Partition.objects.create(
-        cluster=cluster, name="local", gpu_model=catalog[1], gpus_per_node=4, nodes=1, max_walltime_minutes=60,
-        max_cpus_per_gpu=1, max_mem_per_gpu_mb=1000,
+    cluster = ClusterFactory(slug="local", local_gpus=4)
+    return PartitionFactory(
+        cluster=cluster, gpu_model=catalog[1], gpus_per_node=4, max_walltime_minutes=60, max_cpus_per_gpu=1,
+        max_mem_per_gpu_mb=1000,
     )  # fmt: skip
 
 
 @pytest.fixture
-def grant(tenant, catalog):
-    """An active grant of the tenant for the catalog's pair: 4 GPUs at once, 100 GPU-hours."""
-    from datetime import timedelta
-    from decimal import Decimal
-
-    from django.utils import timezone
-
-    from tenants.models import QuotaGrant
-
-    today = timezone.localdate()
-    return QuotaGrant.objects.create(
-        tenant=tenant, scenario=catalog[0], gpu_model=catalog[1], gpus=4, gpu_hours=Decimal(100),
-        starts_on=today, ends_on=today + timedelta(days=30),
-    )  # fmt: skip
+def grant(request, tenant, catalog):
+    """An active grant of the tenant for the catalog's pair: 4 GPUs at once, 100 GPU-hours, 30 days.
+    A test, class or module marked `@pytest.mark.grant(gpus=8, ...)` gets those fields instead."""
+    marker = request.node.get_closest_marker("grant")
+    return QuotaGrantFactory(tenant=tenant, pair=catalog, **(marker.kwargs if marker else {}))
 
 
 @pytest.fixture
 def make_job(tenant, catalog):
     """make_job(user, **fields): a QUEUED job of the tenant, submitted by the user, on a local
     partition of 8 GPUs under a grant of 8 GPUs and 1000 GPU-hours (straight into the database)."""
-    from datetime import timedelta
-    from decimal import Decimal
+    cluster = ClusterFactory(slug="local", healthy=False)
+    partition = PartitionFactory(cluster=cluster, gpu_model=catalog[1])
+    grant = QuotaGrantFactory(tenant=tenant, pair=catalog, gpus=8, gpu_hours=1000, days=9)
 
-    from django.utils import timezone
-
-    from clusters.models import Cluster, Partition
-    from jobs.models import Job
-    from tenants.models import QuotaGrant
-
-    scenario, gpu_model = catalog
-    cluster = Cluster.objects.create(slug="local", name="Local", kind="local", local_gpus=8)
-    partition = Partition.objects.create(
-        cluster=cluster, name="local", gpu_model=gpu_model, gpus_per_node=8, nodes=1, max_walltime_minutes=600
-    )
-    grant = QuotaGrant.objects.create(
-        tenant=tenant, scenario=scenario, gpu_model=gpu_model, gpus=8, gpu_hours=Decimal(1000),
-        starts_on=timezone.localdate(), ends_on=timezone.localdate() + timedelta(days=9),
-    )  # fmt: skip
-
-    def make(user, **fields) -> Job:
-        return Job.objects.create(
-            tenant=tenant, submitted_by=user, name="j", scenario=scenario, gpu_model=gpu_model, grant=grant,
-            cluster=cluster, partition=partition, gpus=1, walltime_minutes=10, cpus_per_gpu=1, mem_per_gpu_mb=100,
-            script="#!/bin/bash\n", reserved_gpu_hours=Decimal("0.17"), **fields,
-        )  # fmt: skip
+    def make(user, **fields):
+        return JobFactory(grant=grant, partition=partition, submitted_by=user, **fields)
 
     return make
 

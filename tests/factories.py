@@ -1,7 +1,13 @@
+from datetime import timedelta
+from decimal import Decimal
+
 import factory
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 
-from tenants.models import Membership, Role, Tenant
+from clusters.models import Cluster, ClusterKind, Partition
+from jobs.models import Job
+from tenants.models import Membership, QuotaGrant, QuotaRequest, Role, Tenant
 
 PASSWORD = "correct horse battery staple"
 
@@ -38,6 +44,108 @@ class MembershipFactory(factory.django.DjangoModelFactory):
     user = factory.SubFactory(UserFactory)
     tenant = factory.SubFactory(TenantFactory)
     role = Role.MEMBER
+
+
+class _QuotaFactory(factory.django.DjangoModelFactory):
+    """What a grant and a request share: a tenant, a (scenario, GPU model) pair, the catalog's
+    (ai-training, H100-80GB: the `catalog` fixture) unless told otherwise, and `days` from today."""
+
+    class Meta:
+        abstract = True
+
+    class Params:
+        pair = factory.LazyFunction(lambda: catalog_pair())
+        days = 30
+
+    tenant = factory.SubFactory(TenantFactory)
+    scenario = factory.LazyAttribute(lambda q: q.pair[0])
+    gpu_model = factory.LazyAttribute(lambda q: q.pair[1])
+    starts_on = factory.LazyFunction(timezone.localdate)
+    ends_on = factory.LazyAttribute(lambda q: q.starts_on + timedelta(days=q.days))
+
+    @classmethod
+    def _adjust_kwargs(cls, **kwargs):
+        # The figures as the database hands them back: gpu_hours=10 reads as Decimal(10).
+        for name in ("gpu_hours", "gpu_hours_reserved", "gpu_hours_used"):
+            if name in kwargs:
+                kwargs[name] = Decimal(str(kwargs[name]))
+        return kwargs
+
+
+class QuotaGrantFactory(_QuotaFactory):
+    """An active grant: 4 GPUs at once and 100 GPU-hours for 30 days."""
+
+    class Meta:
+        model = QuotaGrant
+
+    gpus = 4
+    gpu_hours = Decimal(100)
+
+
+class QuotaRequestFactory(_QuotaFactory):
+    """A pending request for 8 GPUs at once and 500 GPU-hours for 60 days."""
+
+    class Meta:
+        model = QuotaRequest
+
+    class Params:
+        days = 60
+
+    gpus = 8
+    gpu_hours = Decimal(500)
+    justification = "Protein LM"
+
+
+class ClusterFactory(factory.django.DjangoModelFactory):
+    """A healthy local cluster of 8 GPUs; slurm and kubernetes ones take their connection fields."""
+
+    class Meta:
+        model = Cluster
+
+    slug = factory.Sequence(lambda n: f"cluster-{n}")
+    name = factory.LazyAttribute(lambda c: c.slug.title())
+    kind = ClusterKind.LOCAL
+    local_gpus = factory.LazyAttribute(lambda c: 8 if c.kind == ClusterKind.LOCAL else 0)
+    healthy = True
+
+
+class PartitionFactory(factory.django.DjangoModelFactory):
+    """One node of 8 GPUs of the catalog's H100-80GB, jobs of up to 10 hours, on a cluster of its own."""
+
+    class Meta:
+        model = Partition
+
+    cluster = factory.SubFactory(ClusterFactory)
+    name = "local"
+    gpu_model = factory.LazyFunction(lambda: catalog_pair()[1])
+    gpus_per_node = 8
+    nodes = 1
+    max_walltime_minutes = 600
+
+
+class JobFactory(factory.django.DjangoModelFactory):
+    """A QUEUED job row of 1 GPU for 10 minutes under `grant` on `partition`, written straight into
+    the database (no service: the grant's ledger is left as it is); it reserves GPUs × walltime."""
+
+    class Meta:
+        model = Job
+
+    grant = factory.SubFactory(QuotaGrantFactory)
+    tenant = factory.LazyAttribute(lambda j: j.grant.tenant)
+    scenario = factory.LazyAttribute(lambda j: j.grant.scenario)
+    gpu_model = factory.LazyAttribute(lambda j: j.grant.gpu_model)
+    partition = factory.SubFactory(PartitionFactory, gpu_model=factory.SelfAttribute("..gpu_model"))
+    cluster = factory.LazyAttribute(lambda j: j.partition.cluster)
+    submitted_by = factory.SubFactory(UserFactory)
+    name = "j"
+    gpus = 1
+    walltime_minutes = 10
+    cpus_per_gpu = 1
+    mem_per_gpu_mb = 100
+    script = "#!/bin/bash\n"
+    reserved_gpu_hours = factory.LazyAttribute(
+        lambda j: (Decimal(j.gpus * j.walltime_minutes) / 60).quantize(Decimal("0.01"))
+    )
 
 
 def catalog_pair(scenario_slug: str = "ai-training", gpu_slug: str = "h100-80gb"):

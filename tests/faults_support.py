@@ -1,91 +1,19 @@
-"""What the fault tests share (tests/test_faults_*.py): a tenant of their own on the Slurm
-testbed, jobs submitted through the service, real Celery workers that a test may kill, and
-Slurm's own count of jobs per portal token: the figure every fault is judged by."""
+"""What the fault tests share (tests/faults/): real Celery workers that a test may kill,
+a loopback peer that never answers, and Slurm's own count of jobs per portal token: the figure
+every fault is judged by. Their tenant on the Slurm testbed comes from tests/slurm_support.py."""
 
 import os
 import socket
 import subprocess
 import threading
 import time
-import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
-from datetime import timedelta
-from decimal import Decimal
+from dataclasses import dataclass
 from pathlib import Path
 
-from django.utils import timezone
-
-from clusters.backends.slurm import SlurmBackend
-from clusters.models import Cluster
-from clusters.services import cluster_config
 from jobs.models import Job
-from jobs.services import JobRequest, job_submit
-from tenants.limits import tenant_apply
-from tenants.models import QuotaGrant, Role, Tenant
-from tests.conftest import ROOT, VENV_BIN, database_url_of_test_db, die_with_parent, join, stop
-from tests.factories import catalog_pair
-from tests.testbed.env import testbed_identity
-
-SCRIPT = "#!/bin/sh\ntrue\n"  # over at once: the fault tests hold the shared testbed's GPUs briefly
-GPU_MODEL = "a100-80gb"  # the a100 partition: the end-to-end tests use h100
-
-
-@dataclass
-class SlurmTenant:
-    cluster: Cluster
-    tenant: Tenant
-    user: object
-    request: JobRequest
-    backend: SlurmBackend = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.backend = SlurmBackend(cluster_config(self.cluster))
-
-    def submit(self, count: int = 1) -> list[int]:
-        """Jobs through job_submit, each committed on its own: dispatch is enqueued on commit."""
-        return [job_submit(user=self.user, request=self.request)[0].pk for _ in range(count)]
-
-    def slurm_jobs(self) -> dict[str, set[str]]:
-        """Slurm job ids per token under the tenant's account: squeue -t all (jobs of the last
-        MinJobAge, 300 s) and sacct (the SubmitLine holds --comment=<token>), joined by id."""
-        account = self.tenant.slug
-        found: dict[str, set[str]] = defaultdict(set)
-        live = self.backend.check(["squeue", "-h", "-t", "all", "-A", account, "-o", "%i|%k"])
-        for line in live.split():
-            job_id, _, token = line.partition("|")
-            found[token].add(job_id)
-        argv = ["sacct", "-X", "-P", "-n", "-A", account, "-S", "now-1days", "-o", "JobID,SubmitLine"]
-        for line in self.backend.check(argv).splitlines():
-            job_id, _, submit_line = line.partition("|")
-            for word in submit_line.split():
-                if word.startswith("--comment="):
-                    found[word.removeprefix("--comment=")].add(job_id)
-        return found
-
-    def cleanup(self) -> None:
-        """Cancel what is left and drop the account (Slurm accounts outlive the test database)."""
-        self.backend.run(["scancel", "-A", self.tenant.slug])
-        self.backend.run(["sacctmgr", "-i", "delete", "account", self.tenant.slug])
-
-
-def slurm_tenant(cluster: Cluster, *, gpus: int = 8) -> SlurmTenant:
-    """A tenant of its own (unique slug) with a grant of `gpus` concurrent a100 GPUs, applied."""
-    scenario, gpu_model = catalog_pair("ai-training", GPU_MODEL)
-    tenant = Tenant.objects.create(slug=f"fault-{uuid.uuid4().hex[:8]}", name="Faults")
-    testbed_identity(f"pt-{tenant.slug}")  # its job identity on the testbed (the cluster's template)
-    user = join(tenant, f"{tenant.slug}-member", Role.MEMBER)
-    today = timezone.localdate()
-    QuotaGrant.objects.create(
-        tenant=tenant, scenario=scenario, gpu_model=gpu_model, gpus=gpus, gpu_hours=Decimal(1000),
-        starts_on=today, ends_on=today + timedelta(days=1),
-    )  # fmt: skip
-    tenant_apply(tenant_id=tenant.pk, cluster_id=cluster.pk)
-    request = JobRequest(
-        tenant=tenant, scenario=scenario, gpu_model=gpu_model, gpus=1, walltime_minutes=1, name="fault",
-        script=SCRIPT, cluster=cluster, partition="a100",
-    )  # fmt: skip
-    return SlurmTenant(cluster=cluster, tenant=tenant, user=user, request=request)
+from tests.conftest import ROOT, VENV_BIN, database_url_of_test_db, die_with_parent, stop
+from tests.wait_support import wait_until
 
 
 @dataclass(frozen=True)
@@ -111,18 +39,6 @@ def tally(job_ids: list[int], by_token: dict[str, set[str]]) -> Tally:
         if len(in_slurm) > 1:
             doubled.append(pk)
     return Tally(jobs=len(job_ids), lost=lost, doubled=doubled, states=dict(states))
-
-
-def wait_until(check, *, timeout_s: float, interval_s: float = 0.2, what: str = "condition"):
-    """check() until it returns something true; its last value is in the AssertionError."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout_s}s")
-        time.sleep(interval_s)
 
 
 def spawn_worker(

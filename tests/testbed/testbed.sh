@@ -63,7 +63,7 @@ MYSQL_PORT=3306
 WAIT_S=${TESTBED_WAIT_S:-60}
 OUTAGE_MAX_S=${TESTBED_OUTAGE_MAX_S:-120} # a fault test that died mid-outage leaves a stale marker
 # libpmix-dev: MpiDefault=pmix, and Debian's mpi/pmix plugin dlopens the unversioned libpmix.so that only
-# the -dev package ships. lammps (with Open MPI): the MPI program of the multi-node test (tests/test_multinode.py).
+# the -dev package ships. lammps (with Open MPI): the MPI program of the multi-node test (tests/jobs/test_multinode.py).
 # slurm-wlm-jwt-plugin: auth/jwt, which Debian ships apart from slurmrestd's rest_auth/jwt.
 # sudo: the service user's one rule to act as job identities.
 PACKAGES=(munge slurm-wlm slurmdbd openssh-server libpmix-dev lammps slurmrestd slurm-wlm-jwt-plugin sudo)

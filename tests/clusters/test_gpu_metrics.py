@@ -1,0 +1,259 @@
+"""clusters/gpu_metrics.py: nvidia-smi's CSV read from the real captures of an H200
+(shared/fixtures/nvidia-smi/h200), and DCGM exporter text matched to Slurm and Kubernetes jobs."""
+
+import math
+import re
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from clusters.backends.base import GpuSample
+from clusters.backends.local.backend import parse_nvidia_smi_list
+from clusters.gpu_metrics import (
+    COMPUTE_APPS_FIELDS,
+    QUERY_COMPUTE_APPS_ARGS,
+    QUERY_GPU_ARGS,
+    GpuMetricsError,
+    GpuReading,
+    dcgm_job_samples,
+    fetch_metrics,
+    parse_compute_apps,
+    parse_prometheus_text,
+    parse_query_gpu,
+    samples_by_index,
+)
+from tests.conftest import ROOT
+
+FIXTURES = ROOT / "tests" / "fixtures" / "nvidia-smi" / "h200"
+H200_UUID = "GPU-75bdf912-4cc4-0a16-d75d-86bb37ecacb3"
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+# --- nvidia-smi, real output
+
+
+def test_the_queries_are_the_ones_the_fixtures_were_captured_with():
+    readme = fixture("README.md")
+    assert f"`nvidia-smi {' '.join(QUERY_GPU_ARGS)}`" in readme
+    assert f"`nvidia-smi {' '.join(QUERY_COMPUTE_APPS_ARGS)}`" in readme
+    assert COMPUTE_APPS_FIELDS == ("pid", "gpu_uuid", "used_memory", "process_name")
+
+
+def test_query_gpu_of_an_idle_h200():
+    assert parse_query_gpu(fixture("query-gpu-idle.csv")) == [
+        GpuReading(
+            index=0, uuid=H200_UUID, name="NVIDIA H200", utilization_pct=0.0,
+            memory_used_mib=0.0, memory_total_mib=143771.0,
+        )
+    ]  # fmt: skip
+
+
+def test_query_gpu_of_a_busy_h200():
+    [gpu] = parse_query_gpu(fixture("query-gpu-busy.csv"))
+    assert (gpu.index, gpu.uuid, gpu.name) == (0, H200_UUID, "NVIDIA H200")
+    assert (gpu.utilization_pct, gpu.memory_used_mib, gpu.memory_total_mib) == (100.0, 1011.0, 143771.0)
+
+
+def test_the_busy_csv_agrees_with_nvidia_smis_own_xml_of_the_same_load():
+    """nvidia-smi -q -x, captured during the same matrix-product loop, says the same."""
+    gpu = ET.fromstring(fixture("nvidia-smi-q.xml")).find("gpu")  # noqa: S314 - the repo's own capture
+    assert gpu.findtext("mig_mode/current_mig") == "Disabled"
+    [reading] = parse_query_gpu(fixture("query-gpu-busy.csv"))
+    assert gpu.findtext("uuid") == reading.uuid
+    assert gpu.findtext("utilization/gpu_util") == f"{reading.utilization_pct:.0f} %"
+    assert gpu.findtext("fb_memory_usage/used") == f"{reading.memory_used_mib:.0f} MiB"
+    assert gpu.findtext("processes/process_info/pid") == "415"
+
+
+def test_the_uuid_is_the_one_nvidia_smi_L_lists():
+    assert parse_nvidia_smi_list(fixture("nvidia-smi-L.txt")) == [(0, H200_UUID)]
+
+
+def test_compute_apps_of_the_busy_h200():
+    [app] = parse_compute_apps(fixture("query-compute-apps-busy.csv"))
+    assert (app.pid, app.gpu_uuid, app.used_memory_mib, app.process_name) == (
+        415,
+        H200_UUID,
+        1002.0,
+        "python3",
+    )
+
+
+def test_compute_apps_keeps_a_comma_in_a_process_name_and_reads_nothing_from_an_idle_gpu():
+    [app] = parse_compute_apps(f"77, {H200_UUID}, 512, python3 train.py --a=1,2\n")
+    assert app.process_name == "python3 train.py --a=1,2"
+    assert parse_compute_apps("") == []
+
+
+def test_no_value_markers_read_as_none():
+    # The H200 row with the markers nvidia-smi writes for a GPU in MIG mode or a missing counter.
+    line = f"1, {H200_UUID}, NVIDIA H200, 143771, [Not Supported], [N/A], [N/A], 40, [N/A], 1980, Enabled\n"
+    [gpu] = parse_query_gpu(fixture("query-gpu-idle.csv") + line)[1:]
+    assert (gpu.index, gpu.utilization_pct, gpu.memory_used_mib, gpu.memory_total_mib) == (
+        1,
+        None,
+        None,
+        143771.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("0, GPU-x, NVIDIA H200, 143771, 0, 0\n", "6 columns, expected 11"),
+        (
+            "0, GPU-x, NVIDIA H200, 143771, 0, busy, 0, 40, 126.52, 1980, Enabled\n",
+            "utilization.gpu is not a number",
+        ),
+        ("x, GPU-x, NVIDIA H200, 143771, 0, 0, 0, 40, 126.52, 1980, Enabled\n", "GPU index 'x'"),
+        ("0, GPU-x, NVIDIA H200, 143771, 0, nan, 0, 40, 126.52, 1980, Enabled\n", "not finite"),
+        ("No devices were found\n", "1 columns"),
+    ],
+)
+def test_malformed_query_gpu_output_names_the_line(text, message):
+    with pytest.raises(GpuMetricsError, match=message) as raised:
+        parse_query_gpu(fixture("query-gpu-idle.csv") + text)
+    assert "line 2" in str(raised.value)
+
+
+def test_malformed_compute_apps():
+    with pytest.raises(GpuMetricsError, match="pid 'abc'"):
+        parse_compute_apps(f"abc, {H200_UUID}, 1002, python3\n")
+
+
+def test_samples_by_index_maps_a_jobs_gpus_to_their_readings():
+    readings = parse_query_gpu(fixture("query-gpu-busy.csv"))
+    samples = samples_by_index({"local-1": [0], "local-2": [1], "local-3": []}, readings)
+    # GPU 1 is not on this one-GPU machine: that job is unknown, not idle.
+    assert samples == {"local-1": GpuSample("local-1", gpus=1, min_pct=100.0, max_pct=100.0)}
+
+
+def test_samples_by_index_leaves_out_a_job_with_a_gpu_without_a_value():
+    readings = [
+        *parse_query_gpu(fixture("query-gpu-idle.csv")),
+        GpuReading(1, "GPU-b", "NVIDIA H200", None, None, None),
+    ]
+    assert samples_by_index({"local-1": [0, 1]}, readings) == {}
+    assert samples_by_index({"local-1": [0]}, readings)["local-1"].max_pct == 0.0
+
+
+# --- Prometheus text, as dcgm-exporter writes it
+
+NODE = 'gpu="{gpu}",UUID="GPU-{gpu}a0c1d2e-4cc4-0a16-d75d-86bb37ecacb3",pci_bus_id="00000000:0{gpu}:00.0",device="nvidia{gpu}",modelName="NVIDIA H200",Hostname="gpu-node-07",DCGM_FI_DRIVER_VERSION="580.159.04"'
+EXPOSITION = f"""\
+# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).
+# TYPE DCGM_FI_DEV_GPU_UTIL gauge
+DCGM_FI_DEV_GPU_UTIL{{{NODE.format(gpu=0)},hpc_job="4242"}} 0
+DCGM_FI_DEV_GPU_UTIL{{{NODE.format(gpu=1)},hpc_job="4242"}} 3
+DCGM_FI_DEV_GPU_UTIL{{{NODE.format(gpu=2)},hpc_job="4243"}} 97 1764400000000
+DCGM_FI_DEV_GPU_UTIL{{{NODE.format(gpu=3)}}} 0
+# HELP DCGM_FI_DEV_MEMORY_TEMP Memory temperature (in C).
+# TYPE DCGM_FI_DEV_MEMORY_TEMP gauge
+DCGM_FI_DEV_MEMORY_TEMP{{{NODE.format(gpu=0)},hpc_job="4242"}} 9223372036854775794
+DCGM_FI_DEV_FB_USED{{{NODE.format(gpu=0)},hpc_job="4242"}} 1011
+"""
+
+
+def test_prometheus_text_reads_names_labels_values():
+    series = parse_prometheus_text(EXPOSITION)
+    assert [s.name for s in series] == ["DCGM_FI_DEV_GPU_UTIL"] * 4 + [
+        "DCGM_FI_DEV_MEMORY_TEMP",
+        "DCGM_FI_DEV_FB_USED",
+    ]
+    first = series[0]
+    assert first.labels["UUID"] == "GPU-0a0c1d2e-4cc4-0a16-d75d-86bb37ecacb3"
+    assert (first.labels["Hostname"], first.labels["hpc_job"], first.value) == ("gpu-node-07", "4242", 0.0)
+    assert series[2].value == 97.0  # the timestamp is not the value
+    assert "hpc_job" not in series[3].labels
+    assert series[4].value == 9223372036854775794.0
+    assert len(parse_prometheus_text(EXPOSITION, names=["DCGM_FI_DEV_GPU_UTIL"])) == 4
+
+
+def test_prometheus_text_escapes_special_values_and_spacing():
+    text = 'm{a="say \\"hi\\"",b="back\\\\slash",c="two\\nlines", } NaN\nm{} +Inf\nm -1.5e3\nm\t2\n'
+    series = parse_prometheus_text(text)
+    assert series[0].labels == {"a": 'say "hi"', "b": "back\\slash", "c": "two\nlines"}
+    assert math.isnan(series[0].value)
+    assert [s.value for s in series[1:]] == [math.inf, -1500.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('DCGM_FI_DEV_GPU_UTIL{gpu="0"}', "expected a value"),
+        ('DCGM_FI_DEV_GPU_UTIL{gpu="0"} high', "value 'high' is not a number"),
+        ('DCGM_FI_DEV_GPU_UTIL{gpu="0} 1', "bad label"),
+        ("DCGM_FI_DEV_GPU_UTIL{gpu=0} 1", "bad label"),
+        ('DCGM_FI_DEV_GPU_UTIL{gpu="0"}1', "expected a value"),
+        ('DCGM_FI_DEV_GPU_UTIL{gpu="0"} 1 2 3', "expected a value"),
+        ('DCGM_FI_DEV_GPU_UTIL{gpu="0"} 1 yesterday', "timestamp"),
+        ("DCGM_FI_DEV_GPU_UTIL 1_000", "not a number"),
+        ("<html><body>502 Bad Gateway</body></html>", "no metric name"),
+    ],
+)
+def test_a_malformed_line_makes_the_answer_unreadable_with_its_line_number(line, message):
+    with pytest.raises(GpuMetricsError, match=message) as raised:
+        parse_prometheus_text(EXPOSITION + line + "\n")
+    assert "metrics line 11" in str(raised.value)
+
+
+def test_dcgm_slurm_jobs_by_hpc_job_label():
+    samples = dcgm_job_samples(parse_prometheus_text(EXPOSITION), ["4242", "4243", "9999"])
+    assert samples == {
+        "4242": GpuSample("4242", gpus=2, min_pct=0.0, max_pct=3.0),
+        "4243": GpuSample("4243", gpus=1, min_pct=97.0, max_pct=97.0),
+    }  # 9999 is not on this exporter: left out; the GPU without hpc_job belongs to no job
+
+
+def test_dcgm_kubernetes_jobs_by_namespace_and_pod():
+    job = "pj-0123456789abcdef0123456789abcdef"
+    text = f"""\
+DCGM_FI_DEV_GPU_UTIL{{{NODE.format(gpu=0)},container="main",namespace="protein-lab",pod="{job}-x7k2q"}} 2
+DCGM_FI_DEV_GPU_UTIL{{{NODE.format(gpu=1)},container="main",namespace="protein-lab",pod="{job}-x7k2q"}} 4
+DCGM_FI_DEV_GPU_UTIL{{{NODE.format(gpu=2)},container="main",namespace="other-team",pod="{job}-abcde"}} 0
+DCGM_FI_DEV_GPU_UTIL{{{NODE.format(gpu=3)},exported_container="main",exported_namespace="md-team",exported_pod="pj-md-1-q2w3e",namespace="gpu-operator",pod="nvidia-dcgm-exporter-8xk2p"}} 55
+"""
+    wanted = [f"protein-lab/{job}", "md-team/pj-md", "other-team/pj-else"]
+    samples = dcgm_job_samples(parse_prometheus_text(text), wanted)
+    assert samples == {
+        f"protein-lab/{job}": GpuSample(f"protein-lab/{job}", gpus=2, min_pct=2.0, max_pct=4.0),
+        # Read through a Prometheus that renamed the pod's labels; an indexed Job's pod.
+        "md-team/pj-md": GpuSample("md-team/pj-md", gpus=1, min_pct=55.0, max_pct=55.0),
+    }
+
+
+def test_dcgm_mig_instances_blank_values_and_a_repeated_device():
+    mig = 'gpu="0",UUID="GPU-75bdf912-4cc4-0a16-d75d-86bb37ecacb3",device="nvidia0",modelName="NVIDIA H200",Hostname="n1",hpc_job="77"'
+    text = f"""\
+DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{mig},GPU_I_PROFILE="1g.18gb",GPU_I_ID="9"}} 0.020000
+DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{mig},GPU_I_PROFILE="1g.18gb",GPU_I_ID="10"}} 0.000000
+DCGM_FI_DEV_GPU_UTIL{{{NODE.format(gpu=1)},hpc_job="78"}} 9223372036854775794
+DCGM_FI_DEV_GPU_UTIL{{{NODE.format(gpu=2)},hpc_job="79"}} 40
+DCGM_FI_DEV_GPU_UTIL{{{NODE.format(gpu=2)},hpc_job="79"}} 40
+DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{NODE.format(gpu=2)},hpc_job="79"}} 0.9
+"""
+    samples = dcgm_job_samples(parse_prometheus_text(text), ["77", "78", "79"])
+    assert samples["77"] == GpuSample("77", gpus=2, min_pct=0.0, max_pct=2.0)
+    assert "78" not in samples  # DCGM's blank value: no reading, so no sample
+    assert samples["79"] == GpuSample("79", gpus=1, min_pct=40.0, max_pct=40.0)  # GPU_UTIL wins
+
+
+def test_fetch_refuses_other_schemes_and_reports_an_unreachable_url():
+    with pytest.raises(GpuMetricsError, match="not http"):
+        fetch_metrics(f"file://{FIXTURES}/README.md")
+    with pytest.raises(GpuMetricsError, match=re.escape("127.0.0.1:9")):
+        fetch_metrics("http://127.0.0.1:9/metrics", timeout_s=2)  # the discard port: nothing listens
+
+
+def test_a_metrics_url_with_credentials_never_shows_them():
+    from clusters.gpu_metrics import GpuMetricsError, fetch_metrics
+
+    with pytest.raises(GpuMetricsError) as refused:
+        fetch_metrics("http://scraper:s3cret@127.0.0.1:9/metrics", timeout_s=2)
+    assert "s3cret" not in str(refused.value) and "127.0.0.1:9/metrics" in str(refused.value)
+    with pytest.raises(GpuMetricsError) as refused:
+        fetch_metrics("ftp://scraper:s3cret@127.0.0.1/metrics")
+    assert "s3cret" not in str(refused.value)
