@@ -4,6 +4,7 @@ jobs), jobs/services has no cycle and admission sits at its bottom, and no modul
 module's underscore name."""
 
 import ast
+import re
 from functools import cache
 from pathlib import Path
 
@@ -134,3 +135,18 @@ def test_no_module_uses_another_modules_underscore_name():
         if (uses := _underscore_uses(path))
     }
     assert found == {}
+
+
+def test_docs_say_what_each_of_jobs_services_stands_on():
+    """docs/architecture.md's table of jobs/services names, for each module, exactly the
+    modules of jobs/services it imports."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| `jobs/services/(\w+)\.py` \| [^|]+ \| ([^|]+) \|$", text, flags=re.MULTILINE)
+    documented = {
+        f"{SERVICES}.{module}": {
+            f"{SERVICES}.{name.strip()}" for name in stands_on.split(",") if name.strip() != "—"
+        }
+        for module, stands_on in rows
+    }
+    graph = {module: names for module, names in _service_graph().items() if module != SERVICES}
+    assert documented == graph
