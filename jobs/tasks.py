@@ -11,6 +11,7 @@ from jobs.selectors import cluster_ids_to_poll
 from jobs.services.admission import jobs_admit_marked
 from jobs.services.dispatch import jobs_dispatch
 from jobs.services.poll import POLL_TIME_LIMIT_S
+from tenants.tasks import apply_tenant
 
 
 @shared_task(
@@ -128,3 +129,16 @@ def find_orphans() -> dict:
 def apply_retention() -> dict:
     """Beat, daily: old scheduler objects and the middle of old finished jobs' timelines."""
     return services.retention_apply().as_dict()
+
+
+# --- Old names
+
+
+@shared_task(
+    name="jobs.tasks.apply_tenant", acks_late=True, soft_time_limit=120, time_limit=150, **BACKEND_RETRY
+)
+def apply_tenant_old_name(*, tenant_id: int, cluster_id: int | None = None) -> None:
+    """tenants.tasks.apply_tenant under the name it had before it moved to tenants: a message
+    queued (or waiting on a retry) under that name when a new release starts is still applied,
+    not dropped as unregistered. Remove one release after the move."""
+    apply_tenant(tenant_id=tenant_id, cluster_id=cluster_id)

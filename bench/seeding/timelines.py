@@ -107,8 +107,8 @@ class Timeline:
     finished_at: datetime | None = None
     exit_code: int | None = None
     cancelled_from: str = ""  # the state a cancel found the job in ("" if not cancelled)
-    # What the last poll said without a move (a PENDING job's "Priority"), as job_apply_status
-    # keeps it on the job and not in an event.
+    # What the last poll said without a move (a PENDING job's "Priority"), as the poll
+    # (jobs.services.poll.jobs_apply_statuses) keeps it on the job and not in an event.
     polled: tuple[str, str] | None = None
 
     @property
@@ -127,7 +127,7 @@ class Timeline:
     def raw_state(self) -> str:
         if self.polled:
             return self.polled[1]
-        # _move keeps the last raw state when a move brings none
+        # job_move keeps the last raw state when a move brings none
         return next((raw for *_rest, raw in reversed(self.moves) if raw), "")
 
 

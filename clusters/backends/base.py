@@ -75,7 +75,7 @@ class ClusterConfig:
     local_gpus: int = 0
     state_dir: str = ""  # local backend: where it keeps job files and pid records
     nvidia_smi: str = "nvidia-smi"  # local backend: the program (a name on PATH, or a path)
-    # local backend: the job sandbox (local_sandbox.py; settings LOCAL_SANDBOX_*), and the one
+    # local backend: the job sandbox (local/sandbox.py; settings LOCAL_SANDBOX_*), and the one
     # tenant it serves when set (LOCAL_CLUSTER_TENANT; "" serves every tenant where a sandbox exists)
     local_sandbox_bwrap: str = "/usr/bin/bwrap"
     local_sandbox_network: bool = False

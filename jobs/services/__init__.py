@@ -2,7 +2,7 @@
 
 The modules stand on each other in one direction (docs/architecture.md, "jobs/services"):
 common ← admission ← finish ← {submit, poll, cancel, dispatch} ← {idle, cleanup}; none imports
-one above it, and tests/jobs hold the import graph to that."""
+one above it, and tests/repository/test_structure.py holds the import graph to that."""
 
 from jobs.services.admission import jobs_admit
 from jobs.services.cancel import job_cancel, job_cancel_in_scheduler

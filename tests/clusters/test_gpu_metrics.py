@@ -1,5 +1,5 @@
 """clusters/gpu_metrics.py: nvidia-smi's CSV read from the real captures of an H200
-(shared/fixtures/nvidia-smi/h200), and DCGM exporter text matched to Slurm and Kubernetes jobs."""
+(tests/fixtures/nvidia-smi/h200), and DCGM exporter text matched to Slurm and Kubernetes jobs."""
 
 import math
 import re

@@ -30,3 +30,14 @@ def test_beat_schedule_names_registered_tasks_that_expire_before_their_next_run(
         assert entry["task"] in app.tasks
         # A beat message that waits past its next run is stale: it must expire, not pile up.
         assert entry["options"]["expires"] <= entry["schedule"]
+
+
+def test_a_message_under_apply_tenants_old_name_is_still_applied(monkeypatch):
+    """apply_tenant moved from jobs.tasks to tenants.tasks: a message queued under the old name
+    before a deploy reaches the same work instead of being dropped as unregistered."""
+    import tenants.tasks
+
+    applied = []
+    monkeypatch.setattr(tenants.tasks, "tenant_apply", lambda **kwargs: applied.append(kwargs))
+    result = app.tasks["jobs.tasks.apply_tenant"].apply(kwargs={"tenant_id": 7, "cluster_id": 3})
+    assert result.successful() and applied == [{"tenant_id": 7, "cluster_id": 3}]

@@ -359,6 +359,20 @@ def test_the_cancel_action_needs_the_change_permission(client, job):
     assert job.state == JobState.QUEUED
 
 
+def test_the_cancel_action_is_the_change_permissions_whatever_the_tenant_roles(client, job):
+    """The console's bulk cancel answers to `jobs.change_job` alone: staff who hold it cancel a
+    job of a tenant they have no role in, which the API and the pages would refuse them."""
+    from django.contrib.auth.models import Permission
+
+    job_staff = UserFactory(username="job-changer", is_staff=True)
+    job_staff.user_permissions.set(Permission.objects.filter(codename__in=["view_job", "change_job"]))
+    console(client, job_staff)
+    done = client.post("/admin/jobs/job/", {"action": "cancel_selected", "_selected_action": [job.pk]})
+    assert done.status_code == 302
+    job.refresh_from_db()
+    assert job.state == JobState.CANCELLED
+
+
 # --- Platform admin through the group (no superuser): every power
 
 

@@ -1,4 +1,4 @@
-"""Admission after a submission (jobs.services.jobs_admit_soon) on real PostgreSQL and Redis: at
+"""Admission after a submission (jobs.services.admission.jobs_admit_soon) on real PostgreSQL and Redis: at
 once when the partition is free, else by one admit task per partition; and the pass with no GPU
 free, which only gives the new jobs their reasons."""
 

@@ -27,7 +27,7 @@ from tests.conftest import ROOT
 from tests.factories import JobFactory
 
 # Stands in for nvidia-smi on this GPU-less machine: it prints the real captures of an H200
-# (shared/fixtures/nvidia-smi/h200) for the exact arguments the local backend runs;
+# (tests/fixtures/nvidia-smi/h200) for the exact arguments the local backend runs;
 # NVIDIA_SMI_REPLAY=idle|busy picks the capture, hang and nodriver the failures.
 REPLAY = ROOT / "tests" / "nvidia_smi_replay.sh"
 WINDOW = timedelta(minutes=120)

@@ -71,10 +71,11 @@ class _Record:
 
 
 class SlurmBackend(base.Backend):
+    """Slurm over SSH. `commands` lists the argv of every remote command this instance ran."""
+
     # One SSH exec of as many sbatch calls, about 5 ms each: a batch holds its dispatcher well
     # under a second, and its jobs' dispatch leases far less than JOB_DISPATCH_LEASE_S.
     SUBMIT_BATCH = 50
-    """Slurm over SSH. `commands` lists the argv of every remote command this instance ran."""
 
     def __init__(
         self,
