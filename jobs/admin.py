@@ -79,7 +79,7 @@ class JobAdmin(admin.ModelAdmin):
         done = skipped = 0
         for job in queryset.select_related("tenant"):
             try:
-                job_cancel(actor=request.user, job=job, from_console=True)  # `change_job`, checked above
+                job_cancel(actor=request.user, job=job)
                 done += 1
             except PortalError:
                 skipped += 1

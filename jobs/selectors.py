@@ -82,6 +82,13 @@ def job_events_of(*, user: AbstractBaseUser, tenant) -> QuerySet[JobEvent]:
     )
 
 
+def job_may_cancel(*, user: AbstractBaseUser, job: Job) -> bool:
+    """Who may cancel the job: whoever may act on it (job_is_own_or_managed), and staff who hold
+    `jobs.change_job`, the permission the console's bulk cancel asks for: one rule for the API,
+    the pages and the console."""
+    return job_is_own_or_managed(user=user, job=job) or user.has_perm("jobs.change_job")
+
+
 def job_is_own_or_managed(*, user: AbstractBaseUser, job: Job) -> bool:
     """May the user act on this job as more than a reader: cancel it, see its script and env?
     Its submitter (while still allowed to submit), the tenant's owners and managers, admins."""

@@ -6,7 +6,7 @@ from django.db import transaction
 from clusters.backends.base import JobStatus
 from clusters.services import backend_of, cluster_check_available
 from jobs.models import Job, JobState
-from jobs.selectors import job_is_own_or_managed
+from jobs.selectors import job_may_cancel
 from jobs.services.common import job_move, send_after_commit
 from jobs.services.finish import job_finish
 from jobs.states import END_STATES
@@ -14,17 +14,14 @@ from portal.core.errors import Conflict, Forbidden
 from portal.core.services import audit_record
 
 
-def job_cancel(
-    *, actor: AbstractBaseUser | None, job: Job, reason: str = "", from_console: bool = False
-) -> Job:
+def job_cancel(*, actor: AbstractBaseUser | None, job: Job, reason: str = "") -> Job:
     """QUEUED → CANCELLED at once; SUBMITTING, PENDING or RUNNING → CANCELLING, and the
     scheduler is told (the poll confirms CANCELLED). Members cancel their own jobs, owners and
-    managers any of their tenant's (jobs.selectors.job_is_own_or_managed): anyone else who can
-    see the job is Forbidden, except in the admin console (`from_console`), whose bulk action
-    Django's admin allows to staff with `jobs.change_job`. An ended job is a conflict. The
-    portal's own cleanup cancels with no actor and its reason (walltime_cap, idle_gpus,
+    managers any of their tenant's, staff with `jobs.change_job` any (jobs.selectors.
+    job_may_cancel): anyone else who can see the job is Forbidden. An ended job is a conflict.
+    The portal's own cleanup cancels with no actor and its reason (walltime_cap, idle_gpus,
     grant_ended…)."""
-    if actor is not None and not from_console and not job_is_own_or_managed(user=actor, job=job):
+    if actor is not None and not job_may_cancel(user=actor, job=job):
         raise Forbidden("Your role allows cancelling only your own jobs.")
     reason = reason or f"cancelled by {actor.get_username()}"
     with transaction.atomic():

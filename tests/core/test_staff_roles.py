@@ -360,8 +360,8 @@ def test_the_cancel_action_needs_the_change_permission(client, job):
 
 
 def test_the_cancel_action_is_the_change_permissions_whatever_the_tenant_roles(client, job):
-    """The console's bulk cancel answers to `jobs.change_job` alone: staff who hold it cancel a
-    job of a tenant they have no role in, which the API and the pages would refuse them."""
+    """The console's bulk cancel answers to `jobs.change_job`: staff who hold it cancel a job of a
+    tenant they have no role in (jobs.selectors.job_may_cancel, the API's and the pages' rule too)."""
     from django.contrib.auth.models import Permission
 
     job_staff = UserFactory(username="job-changer", is_staff=True)
