@@ -1,4 +1,5 @@
-"""The floor: the least a Django view can do to answer phase a's and phase c's requests, to
+"""The floor: the least a Django view can do to answer phase a's and phase c's requests
+(and `GET /api/v1/me/`, for bench/inprocess.py), to
 measure beside the portal in the same run (bench/load.py, phases g and h). Not the portal: it is
 served only by the bench's own gunicorn (settings bench.floor_settings), never by the portal's.
 
@@ -38,12 +39,13 @@ from jobs.selectors import API_JOB_FIELDS
 from jobs.serializers import job_answer
 from portal.core.models import ApiToken, token_digest
 from portal.core.throttles import window_count
-from tenants.models import Tenant, TenantUserPermission
+from tenants.models import Membership, Tenant, TenantUserPermission
 from tenants.roles import VIEW
 
 User = get_user_model()
 JOB, TENANT, USER = Job._meta.db_table, Tenant._meta.db_table, User._meta.db_table
 TOKEN, PERM = ApiToken._meta.db_table, TenantUserPermission._meta.db_table
+MEMBER = Membership._meta.db_table
 
 # Table names from the models' meta, values only as parameters: nothing a request sends is in the SQL.
 SQL_TOKEN = (
@@ -59,6 +61,11 @@ FROM = (
     f"WHERE j.tenant_id IN (SELECT content_object_id FROM {PERM} WHERE user_id = %s AND permission_id = %s)"
 )
 SQL_JOB = f"SELECT {COLUMNS} {FROM} AND j.id = %s"
+SQL_ME = f"SELECT username, email, is_staff FROM {USER} WHERE id = %s"  # noqa: S608
+SQL_MY_TENANTS = (
+    f"SELECT t.slug, t.name, m.role FROM {MEMBER} m JOIN {TENANT} t ON t.id = m.tenant_id "  # noqa: S608
+    "WHERE m.user_id = %s ORDER BY t.slug"
+)
 SQL_PAGE = f"SELECT {COLUMNS} {FROM} AND t.slug = %s AND j.state IN ({{states}}) AND j.id < %s ORDER BY j.id DESC LIMIT %s"
 _view_perm: list[int] = []
 
@@ -137,7 +144,22 @@ def jobs(request) -> HttpResponse:
     return _json({"next": more, "previous": None, "results": [job_answer(row, names, UTC) for row in page]})
 
 
+def me(request) -> HttpResponse:
+    """GET /api/v1/me/ for a caller who is not staff (the bench's users): no staff role to read."""
+    with connection.cursor() as cursor:
+        user_id = _caller(request, cursor)
+        if isinstance(user_id, HttpResponse):
+            return user_id
+        cursor.execute(SQL_ME, [user_id])
+        username, email, is_staff = cursor.fetchone()
+        cursor.execute(SQL_MY_TENANTS, [user_id])
+        tenants = [{"slug": slug, "name": name, "role": role} for slug, name, role in cursor.fetchall()]
+    body = {"username": username, "email": email, "is_staff": is_staff, "platform_admin": False}
+    return _json(body | {"staff_roles": [], "tenants": tenants})
+
+
 urlpatterns = [
+    path("api/v1/me/", me),
     path("api/v1/jobs/<int:pk>/", job),
     path("api/v1/jobs/", jobs),
 ]
