@@ -58,7 +58,9 @@ class Requests:
         users = [u for u in site["users"] if u.get("token") and u.get("tenants")]
         self.jobs = {}  # a tenant's newest jobs (up to 200), for tenants that have any
         for slug in sorted({t["slug"] for u in users for t in u["tenants"]}):
-            ids = list(Job.objects.filter(tenant__slug=slug).order_by("-id").values_list("id", flat=True)[:200])
+            ids = list(
+                Job.objects.filter(tenant__slug=slug).order_by("-id").values_list("id", flat=True)[:200]
+            )
             if ids:
                 self.jobs[slug] = ids
         self.users = [u for u in users if any(t["slug"] in self.jobs for t in u["tenants"])]
@@ -79,7 +81,9 @@ class Requests:
             t = self.tenants[slug]
             body = {"tenant": slug, "scenario": t["scenario"], "gpu_model": t["gpu_model"], "gpus": 1}
             body |= {"cluster": self.site["cluster"], "walltime_minutes": 5, "name": "inprocess"}
-            body |= {"script": "#!/bin/bash\ntrue\n"} | ({"partition": t["partition"]} if t.get("partition") else {})
+            body |= {"script": "#!/bin/bash\ntrue\n"} | (
+                {"partition": t["partition"]} if t.get("partition") else {}
+            )
             return "POST", "/api/v1/jobs/", user["token"], body
         user = self.rng.choice(self.users)
         if kind == "me":
@@ -202,8 +206,17 @@ def main() -> int:
 
     procs = {}
     for side in ("portal", "floor"):
-        procs[side] = subprocess.Popen(  # noqa: S603  (this script, fixed arguments)
-            [sys.executable, __file__, "--child", side, "--site", args.site, "--requests", str(args.requests)],
+        procs[side] = subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                side,
+                "--site",
+                args.site,
+                "--requests",
+                str(args.requests),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -260,7 +273,9 @@ def print_figures(figures: dict, args) -> None:
         portal = figures[f"portal {kind}"]
         floor = figures.get(f"floor {kind}")
         cell = lambda f: f"{f['cpu_ms']:6.2f} [{f['cpu_range_ms'][0]:.2f}–{f['cpu_range_ms'][1]:.2f}]"  # noqa: E731
-        print(f"  {kind:<16} {cell(portal):>22} {cell(floor) if floor else '—':>22} {portal['wall_ms']:15.2f}")
+        print(
+            f"  {kind:<16} {cell(portal):>22} {cell(floor) if floor else '—':>22} {portal['wall_ms']:15.2f}"
+        )
     print("\nTargets (issue 18, in-process):")
     for kind, bound in TARGETS.items():
         ratio = figures["ratios"][kind]

@@ -4,6 +4,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -12,6 +13,7 @@ from jobs.filters import JobFilter
 from jobs.job_templates import TEMPLATES
 from jobs.models import Job
 from jobs.selectors import (
+    job_answer_row_visible_to,
     job_answer_rows_visible_to,
     job_answers_visible_to,
     job_is_own_or_managed,
@@ -47,7 +49,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             return jobs_visible_to(user=self.request.user)
         if self.action == "list":
             return job_answer_rows_visible_to(user=self.request.user)
-        return job_answers_visible_to(user=self.request.user, detail=self.action == "retrieve")
+        return job_answers_visible_to(user=self.request.user)
 
     def filter_queryset(self, queryset):
         # The list's filters are the list's: on one job they would only build a FilterSet's form.
@@ -57,9 +59,11 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def retrieve(self, request, pk=None):
         """The job; its script and environment only for its submitter, owners and managers, since
         an environment often carries a credential the tenant's viewers should not read."""
-        job = self.get_object()
-        detailed = job_is_own_or_managed(user=request.user, job=job)
-        return Response((JobDetailOut if detailed else JobOut)(job).data)
+        row = job_answer_row_visible_to(user=request.user, pk=int(pk))
+        if row is None:
+            raise NotFound
+        detailed = job_is_own_or_managed(user=request.user, job=row)
+        return Response((JobDetailOut if detailed else JobOut)(row).data)
 
     @extend_schema(
         request=JobIn,
