@@ -107,6 +107,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: a request that waited too long for a worker is refused before it costs anything.
+    "portal.core.overload.shed_when_queued_too_long",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -436,6 +438,10 @@ SPECTACULAR_SETTINGS = {
         "JobStateEnum": "jobs.models.JobState",
     },
 }
+
+# --- Overload (portal.core.overload): a request that waited longer than this for a worker,
+# by the reverse proxy's X-Request-Start stamp, is answered 503 with Retry-After. 0: never.
+SHED_QUEUED_AFTER_MS = env_int("SHED_QUEUED_AFTER_MS", 500, minimum=0, maximum=60_000)
 
 # --- Health
 READYZ_TIMEOUT_S = env_int("READYZ_TIMEOUT_S", 2, minimum=1, maximum=30)

@@ -113,7 +113,10 @@ class ProblemOut(serializers.Serializer):
         required=False,
         help_text="On `invalid`: each bad field or parameter (`parent.child` when nested) and its messages.",
     )
-    retry_after_s = serializers.IntegerField(required=False, help_text="On `throttled`: seconds to wait.")
+    retry_after_s = serializers.IntegerField(
+        required=False,
+        help_text="On `throttled`, and on `unavailable` when the portal is overloaded: seconds to wait.",
+    )
 
 
 class _PatternRef(serializers.SlugRelatedField):
