@@ -2,7 +2,7 @@
 run on the same machine, so that the ratios between them hold however noisy the machine is.
 
     .venv/bin/python bench/load.py --url http://127.0.0.1:8765 --site var/bench/site.json \\
-        --stack-dir var/stack [--rate 100] [--duration 30] [--phases abcdefgh] [--json out.json]
+        --stack-dir var/stack [--rate 100] [--duration 30] [--phases abcdefghiko] [--json out.json]
 
 The site file is what `manage.py seed_site … --out` writes: the cluster, and users with their API
 tokens and tenants (each tenant with a scenario, GPU model and partition a submit can use).
@@ -17,8 +17,8 @@ every sender held by a request it has not answered).
 
 Phases; each pits the portal against its peer in the same phase, interleaved:
   a  GET /api/v1/jobs/{id}/ vs slurmrestd GET /job/{id}, --rate each
-  b  POST /api/v1/jobs/ (the API's answer; Celery dispatches later) vs slurmrestd POST
-     /job/submit, --rate each
+  b  POST /api/v1/jobs/ (the API's answer; Celery dispatches into Slurm meanwhile) vs slurmrestd
+     POST /job/submit, --submit-rate each (50/s)
   c  GET /api/v1/jobs/?tenant=…&state=…&page_size=50, --rate
   d  every active job of the tenant with the most, through the pages (page_size=200), vs
      slurmrestd GET /jobs (every job of the cluster, one answer), --repeat times each, alternating
@@ -27,8 +27,15 @@ Phases; each pits the portal against its peer in the same phase, interleaved:
   g  phase a's requests to the floor (bench/floor_views.py: a bare Django view, hand-written SQL)
      vs slurmrestd, --rate each
   h  phase c's requests to the floor, --rate
-The floor runs in its own gunicorn (--floor-port, as many workers as the stack's), started for
-phases g and h and stopped after them: what Django on this machine answers at least, beside what
+  i  the mix at --sla-rate (150/s): the SLA's P99 of 200 ms must hold
+  k  capacity: the mix at each of --capacity-rates for --step-seconds while its P99 stays within
+     200 ms with no error, then slurmrestd's get the same way: the highest rate that held
+  o  overload: the mix at twice phase k's capacity for --duration, then at half of it for 20 s:
+     how long any request waited before its answer (refusals, 503 `unavailable`, included), the
+     answered ones' P99, how soon after the drop every second is back within the SLA, and how
+     many submissions answered 201 the portal no longer knows afterwards (lost)
+The floor runs in its own gunicorn (--floor-port, as many workers as the stack's; behind its own
+nginx from the same config when the stack runs behind one), started for phases g and h and stopped after them: what Django on this machine answers at least, beside what
 the portal answers and what slurmrestd answers, in the same run.
 Mix of phase e, in % of requests: list jobs (state filter, page of 50) 35, get a job 30, list
 quotas 10, me 10, submit 10, cancel a job the same user submitted earlier in the run 5 (its newest;
@@ -48,6 +55,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import random
 import subprocess
@@ -65,7 +73,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import peers  # noqa: E402
-from bench.figures import Recorder, print_summary, print_table, targets  # noqa: E402
+from bench.figures import Recorder, pct, print_summary, print_table, targets  # noqa: E402
 from bench.rss import RssSampler, children_of, cpu_pressure, cpu_some_avg10  # noqa: E402
 
 SUBMIT_ROLES = {"owner", "manager", "member"}
@@ -75,6 +83,8 @@ MIX = (("list_jobs", 35), ("get_job", 30), ("list_quotas", 10), ("me", 10), ("su
 SCRIPT = "#!/bin/bash\ntrue\n"
 WARM_CALLS = 50  # untimed calls of each kind before the first phase
 DRAIN_S = 60.0  # after a phase's last arrival, how long its requests may still take
+SLA_P99_MS = 200.0  # the Postman SLA our sites use: the capacity is the rate that keeps it
+RECOVERY_S = 20.0  # phase o: how long the load stays low after the overload
 SETTLE_MAX_S = 180.0  # before a phase, how long to wait for the previous one's backlog to clear
 UNACKED = "unacked"  # kombu's Redis transport: messages a worker holds, until it acks them
 SETTLE_PRESSURE = 20.0  # "quiet": CPU pressure (PSI some avg10) below this, in %
@@ -111,15 +121,17 @@ class Portal:
 
 
 # --------------------------------------------------------------- open loop --
-def run_open_loop(phase: str, streams: list[tuple[float, object]], duration_s: float, senders: int, rec):
-    """Send each stream's requests at Poisson arrival times for duration_s. A stream's pick()
-    runs in a sender thread and returns (endpoint, call); call() raises on failure. Each stream
-    has its own senders, so that a peer's requests never queue behind a saturated portal's."""
+def run_open_loop(phase: str, streams: list[tuple], duration_s: float, senders: int, rec):
+    """Send each stream's requests at Poisson arrival times for duration_s. A stream is (rate,
+    pick), or (rate, pick, from_s, to_s) to send only in that part of the phase. Its pick() runs
+    in a sender thread and returns (endpoint, call); call() raises on failure. Each stream has
+    its own senders, so that a peer's requests never queue behind a saturated portal's."""
     rng = random.Random(f"{phase}-{duration_s}")  # noqa: S311  (arrival times, not secrets)
     plan = []
-    for index, (rate, _) in enumerate(streams):
-        t = rng.expovariate(rate)
-        while t < duration_s:
+    for index, (rate, _, *window) in enumerate(streams):
+        begin, end = window or (0.0, duration_s)
+        t = begin + rng.expovariate(rate)
+        while t < min(end, duration_s):
             plan.append((t, index))
             t += rng.expovariate(rate)
     plan.sort()
@@ -127,6 +139,7 @@ def run_open_loop(phase: str, streams: list[tuple[float, object]], duration_s: f
         ThreadPoolExecutor(max_workers=senders, thread_name_prefix=f"{phase}{i}") for i in range(len(streams))
     ]
     start = time.monotonic() + 0.1
+    rec.started[phase] = start
     futures = []
     for offset, index in plan:
         delay = start + offset - time.monotonic()
@@ -149,7 +162,7 @@ def _send(phase: str, pick, due: float, rec: Recorder) -> None:
         call()
     except Exception as exc:  # every failure is a figure of the run, not a reason to stop it
         error = str(exc)[:60] if isinstance(exc, ApiError) else type(exc).__name__
-    rec.add(phase, endpoint, time.monotonic() - due, error, wait_s)
+    rec.add(phase, endpoint, time.monotonic() - due, error, wait_s, due)
 
 
 # ---------------------------------------------------------------- the site --
@@ -308,7 +321,7 @@ class Load:
         args = self.args
         planned = (
             20
-            + ("b" in args.phases) * args.rate * args.duration
+            + ("b" in args.phases) * args.submit_rate * args.duration
             + ("f" in args.phases) * 200 * args.sbatch_seconds
         )
         limit = int(peers.slurm_config(self.ssh_config).get("MaxJobCount", "10000"))
@@ -450,10 +463,11 @@ class Load:
                     [(rate, self.portal_get_job), (rate, self.rest_get_job)],
                 )
             if "b" in phases:
+                submit_rate = self.args.submit_rate
                 self.phase(
                     "b",
-                    f"submit, portal vs slurmrestd, {rate:g}/s each",
-                    [(rate, self.portal_submit), (rate, self.rest_submit)],
+                    f"submit, portal vs slurmrestd, {submit_rate:g}/s each (the portal's dispatched meanwhile)",
+                    [(submit_rate, self.portal_submit), (submit_rate, self.rest_submit)],
                 )
             if "c" in phases:
                 self.phase(
@@ -468,12 +482,109 @@ class Load:
                 self.phase_sbatch()
             if "g" in phases or "h" in phases:
                 self.phases_floor()
+            if "i" in phases:
+                sla = self.args.sla_rate
+                self.phase("i", f"mixed load {sla:g}/s, the SLA's rate", [(sla, self.mixed)])
+            if "k" in phases:
+                self.phase_capacity()
+            if "o" in phases:
+                self.phase_overload()
         finally:
             rss.stop()
             if not self.args.keep_jobs:
                 self.cleanup()
         self.results["rss"] = rss.summary()
         self.results["targets"] = targets(self.results)
+
+    def phase_capacity(self) -> None:
+        """Phase k: the mix at rising rates (--capacity-rates, --step-seconds each) while its P99
+        stays within the SLA with no error; then slurmrestd's get the same way. The capacity is
+        the highest rate that held."""
+        steps = [float(r) for r in self.args.capacity_rates.split(",")]
+        found = {}
+        for label, pick in (("portal mix", self.mixed), ("slurmrestd GET job", self.rest_get_job)):
+            held = None
+            for rate in steps:
+                key = f"k {label} @{rate:g}/s"
+                self.settle(key)
+                run_open_loop(key, [(rate, pick)], self.args.step_seconds, self.args.senders, self.rec)
+                rows = self.rec.stats(key)
+                p99, errors = _overall(rows)
+                lag = self.rec.lag_stats(key)
+                print(
+                    f"  {key}: P99 {p99:.1f} ms, {errors} errors (schedule loop late P99 {lag['loop']['p99_ms']:.1f} ms)"
+                )
+                if p99 > SLA_P99_MS or errors:
+                    break
+                held = rate
+            found[label] = held
+        print_table_capacity(found)
+        self.results["phases"]["k"] = {
+            "capacity_per_s": found,
+            "steps": steps,
+            "step_s": self.args.step_seconds,
+        }
+        self.capacity = found.get("portal mix")
+
+    def phase_overload(self) -> None:
+        """Phase o: the mix at twice the capacity (phase k's, else --overload-rate ÷ 2) for
+        --duration, then at half the capacity for RECOVERY_S more. Refusals (503 `unavailable`)
+        are the portal shedding what waited too long; the figures: how long any request waited
+        before its answer, the answered ones' P99, how soon after the load drops every second is
+        back to normal, and whether every submission answered 201 exists afterwards."""
+        capacity = getattr(self, "capacity", None) or self.args.overload_rate / 2
+        high, low, span = 2 * capacity, capacity / 2, self.args.duration
+        submitted_before = len(self.site.submitted)
+        key = "o"
+        self.settle(key)
+        senders = max(self.args.senders, int(high * 2))  # answers may take a second: enough in flight
+        streams = [(high, self.mixed, 0.0, span), (low, self.mixed, span, span + RECOVERY_S)]
+        run_open_loop(key, streams, span + RECOVERY_S, senders, self.rec)
+        timeline = self.rec.timeline[key]
+        over = [t for t in timeline if t[0] < span]
+        answered = sorted(t[1] * 1000 for t in over if not t[3])
+        refused = sorted(t[1] * 1000 for t in over if t[3].startswith("HTTP 503"))
+        failed = [t for t in over if t[3] and not t[3].startswith("HTTP 503")]
+        recovery_s = _recovery_s(timeline, span, span + RECOVERY_S)
+        accepted = self.site.submitted[submitted_before:]
+        lost = self._missing(accepted)
+        figures = {
+            "rate_high_per_s": high,
+            "rate_low_per_s": low,
+            "requests": len(over),
+            "answered": len(answered),
+            "answered_p99_ms": pct(answered, 99),
+            "refused": len(refused),
+            "refused_max_ms": refused[-1] if refused else 0.0,
+            "max_ms": max([t[1] * 1000 for t in over], default=0.0),
+            "failed": len(failed),
+            "failed_kinds": sorted({t[3] for t in failed}),
+            "recovery_s": recovery_s,
+            "submitted_201": len(accepted),
+            "lost": lost,
+        }
+        print(f"\n== o: overload, the mix at {high:g}/s for {span:g} s, then {low:g}/s for {RECOVERY_S:g} s")
+        for name, value in figures.items():
+            print(f"  {name:<20} {value:.1f}" if isinstance(value, float) else f"  {name:<20} {value}")
+        self.results["phases"]["o"] = {"figures": figures, "machine": cpu_pressure()}
+
+    def _missing(self, accepted: list[tuple[str, str]]) -> int:
+        """How many of these (token, job id) the portal no longer answers: lost submissions."""
+
+        def gone(item) -> bool:
+            token, job_id = item
+            for _ in range(5):  # bounded: a 503 now is the overload's tail, not a loss
+                try:
+                    self.api.call("GET", f"/api/v1/jobs/{job_id}/", token)
+                    return False
+                except ApiError as exc:
+                    if not str(exc).startswith("HTTP 503"):
+                        return True
+                    time.sleep(1)
+            return True
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            return sum(pool.map(gone, accepted))
 
     def phases_floor(self) -> None:
         """Phases g and h: a and c's requests to the floor's own gunicorn (bench/floor_views.py)."""
@@ -515,6 +626,35 @@ class Load:
             self.api.call("POST", f"/api/v1/jobs/{job_id}/cancel/", token)
 
 
+def _overall(rows: dict[str, dict]) -> tuple[float, int]:
+    """P99 and errors of a phase's rows: its ALL line when it has one, else its one endpoint."""
+    row = rows.get("ALL (portal)") or next(iter(rows.values()))
+    return row["p99_ms"], row["errors"]
+
+
+def _recovery_s(timeline: list[tuple], drop_s: float, end_s: float) -> float:
+    """Seconds after the load dropped until every later second (by arrival) had no refusal, no
+    error and a P99 within the SLA: how soon the portal was back to normal. inf: never."""
+    windows: dict[int, list[tuple]] = defaultdict(list)
+    for due, latency, _, error in timeline:
+        if due >= drop_s:
+            windows[int(due - drop_s)].append((latency * 1000, error))
+    last = int(end_s - drop_s)
+    normal_from = last
+    for second in range(last - 1, -1, -1):
+        got = windows.get(second, [])
+        if any(error for _, error in got) or pct(sorted(ms for ms, _ in got), 99) > SLA_P99_MS:
+            break
+        normal_from = second
+    return float(normal_from) if normal_from < last else math.inf
+
+
+def print_table_capacity(found: dict) -> None:
+    print(f"\n== k: capacity, the highest rate whose P99 stayed ≤ {SLA_P99_MS:g} ms with no error")
+    for label, rate in found.items():
+        print(f"  {label:<24} {'below the first step' if rate is None else f'{rate:g}/s'}")
+
+
 class FloorServer:
     """The floor's gunicorn on 127.0.0.1:port for the duration of a with block, with as many sync
     workers as the stack's gunicorn has (its master's pid in the stack dir)."""
@@ -522,7 +662,7 @@ class FloorServer:
     READY_S = 60.0
 
     def __init__(self, port: int, stack_dir: Path) -> None:
-        self.port, self.stack_dir, self.proc = port, stack_dir, None
+        self.port, self.stack_dir, self.proc, self.proxy = port, stack_dir, None, None
 
     MAX_WORKERS = 9  # each holds a database connection
 
@@ -541,9 +681,13 @@ class FloorServer:
             raise SystemExit(f"{url} already answers: the floor needs the port (--floor-port)")
         env = os.environ | {"DJANGO_SETTINGS_MODULE": "bench.floor_settings"}
         gunicorn = Path(sys.executable).with_name("gunicorn")
+        bind = f"127.0.0.1:{self.port}"
+        if (self.stack_dir / "proxy.pid").exists():  # the stack runs behind nginx: so does the floor
+            bind = f"unix:{self.stack_dir / 'floor.sock'}"
+            self.proxy = self._proxy(bind)
         with (self.stack_dir / "floor.log").open("ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
-                [str(gunicorn), "portal.wsgi", "--bind", f"127.0.0.1:{self.port}", "--workers", str(self.workers())],
+                [str(gunicorn), "portal.wsgi", "--bind", bind, "--workers", str(self.workers())],
                 cwd=ROOT, env=env, stdout=log, stderr=log,
             )  # fmt: skip
         deadline = time.monotonic() + self.READY_S
@@ -558,13 +702,31 @@ class FloorServer:
         self.__exit__()
         raise SystemExit(f"the floor's gunicorn did not answer on {url} within {self.READY_S:g} s")
 
+    def _proxy(self, upstream: str) -> subprocess.Popen:
+        """nginx from the stack's own config (deploy/nginx/portal.conf) on the floor's port."""
+        folder = self.stack_dir / "floor-proxy"
+        conf = subprocess.run(
+            ["bash", "scripts/stack", "proxy-conf", f"127.0.0.1:{self.port}", upstream, str(folder)],
+            cwd=ROOT, capture_output=True, text=True, check=True, timeout=30,
+        ).stdout  # fmt: skip
+        (folder / "nginx.conf").write_text(conf)
+        if os.getuid() == 0:
+            subprocess.run(["chown", "-R", "www-data", str(folder / "proxy-tmp")], check=True, timeout=30)
+        return subprocess.Popen(
+            ["nginx", "-c", str(folder / "nginx.conf"), "-g", "daemon off;"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
     def __exit__(self, *_) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        for proc in (self.proc, self.proxy):
+            if proc is None:
+                continue
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def main() -> None:
@@ -575,7 +737,14 @@ def main() -> None:
     parser.add_argument("--testbed-env", default=str(ROOT / "var" / "testbed" / "testbed.env"))
     parser.add_argument("--rate", type=float, default=100.0, help="requests/s per stream")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds per open-loop phase")
-    parser.add_argument("--phases", default="abcdefgh")
+    parser.add_argument("--phases", default="abcdefghiko")
+    parser.add_argument("--submit-rate", type=float, default=50.0, help="phase b: submissions/s")
+    parser.add_argument("--sla-rate", type=float, default=150.0, help="phase i: the mix's rate")
+    parser.add_argument("--capacity-rates", default="100,150,200,250,300,350,400,500,600,800")
+    parser.add_argument("--step-seconds", type=float, default=15.0, help="phase k: seconds per rate")
+    parser.add_argument(
+        "--overload-rate", type=float, default=400.0, help="phase o's rate when phase k did not run"
+    )
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds of phase d")
     parser.add_argument("--sbatch-seconds", type=float, default=5.0)
     parser.add_argument(
