@@ -1,6 +1,8 @@
 from datetime import UTC, datetime
+from functools import cache
 
 import django_filters
+from django.http import QueryDict
 
 from jobs.models import Job, JobState
 
@@ -19,7 +21,38 @@ class UtcDateTimeFilter(django_filters.IsoDateTimeFilter):
         return super().filter(qs, value)
 
 
-class JobFilter(django_filters.FilterSet):
+class SharedFilters(django_filters.FilterSet):
+    """A FilterSet whose filters, and so their form fields, are made once per class, not per
+    request: django-filter deep-copies every filter on each instance and builds a new form class
+    from them, a fifth of what a page of jobs cost in the web process (docs/performance.md).
+    Only for filters that keep nothing of a request: no `method`, no queryset of the request."""
+
+    def __init__(self, data=None, queryset=None, *, request=None, prefix=None):
+        self.is_bound = data is not None
+        self.data = data or QueryDict()
+        self.queryset = self._meta.model._default_manager.all() if queryset is None else queryset
+        self.request = request
+        self.form_prefix = prefix
+        self.filters = self.base_filters  # shared, read only: model set once (_share)
+
+    def get_form_class(self):
+        return _form_class(type(self))
+
+    @classmethod
+    def _share(cls) -> None:
+        for filter_ in cls.base_filters.values():
+            if filter_.method is not None:
+                raise TypeError(f"{cls.__name__}.{filter_.field_name}: a method filter cannot be shared")
+            filter_.model = cls._meta.model
+
+
+@cache
+def _form_class(filterset: type[SharedFilters]) -> type:
+    fields = {name: filter_.field for name, filter_ in filterset.base_filters.items()}
+    return type(f"{filterset.__name__}Form", (filterset._meta.form,), fields)
+
+
+class JobFilter(SharedFilters):
     tenant = django_filters.CharFilter(field_name="tenant__slug")
     # distinct=False: state is the job's own column, so no join can repeat a row, and DISTINCT
     # over a job list costs the planner 5 ms a request on a site of 100,000 jobs.
@@ -33,3 +66,6 @@ class JobFilter(django_filters.FilterSet):
     class Meta:
         model = Job
         fields = ["tenant", "state", "scenario", "cluster", "submitted_by", "created_after", "created_before"]
+
+
+JobFilter._share()

@@ -21,7 +21,7 @@ from tenants.selectors import (
     audit_visible_to,
     grants_visible_to,
     members_of,
-    memberships_of,
+    membership_rows_of,
     quota_requests_visible_to,
     tenants_visible_to,
 )
@@ -54,7 +54,7 @@ class Me(APIView):
             "is_staff": user.is_staff,
             "platform_admin": is_platform_admin(user),
             "staff_roles": staff_roles_of(user),
-            "tenants": list(memberships_of(user=user)),
+            "tenants": membership_rows_of(user=user),
         }
         return Response(MeOut(me).data)
 

@@ -140,6 +140,22 @@ def memberships_of(*, user: AbstractBaseUser) -> QuerySet[Membership]:
     )
 
 
+# GET /me/ reads the caller's memberships on every call: compiled once (portal.core.compiled).
+_MEMBERSHIP_ROWS = CompiledQuery(
+    lambda user_id: (
+        Membership.objects.filter(user_id=user_id)
+        .order_by("tenant__slug")
+        .values_list("tenant__slug", "tenant__name", "role")
+    ),
+    -7_300_002,
+)
+
+
+def membership_rows_of(*, user: AbstractBaseUser) -> list[dict]:
+    """memberships_of as rows {slug, name, role}, by tenant slug: one compiled query."""
+    return [{"slug": slug, "name": name, "role": role} for slug, name, role in _MEMBERSHIP_ROWS.rows(user.pk)]
+
+
 def members_of(*, tenant: Tenant) -> QuerySet[Membership]:
     return (
         Membership.objects.filter(tenant=tenant)

@@ -25,9 +25,9 @@ MAX_GPUS = 100_000
 MAX_GPU_HOURS = Decimal("100000000")
 
 
-class MeTenantOut(serializers.Serializer):
-    slug = serializers.CharField(source="tenant.slug")
-    name = serializers.CharField(source="tenant.name")
+class MeTenantOut(serializers.Serializer):  # rows of tenants.selectors.membership_rows_of
+    slug = serializers.CharField()
+    name = serializers.CharField()
     role = serializers.CharField()
 
 

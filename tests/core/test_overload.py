@@ -164,3 +164,26 @@ def test_behind_nginx_no_worker_at_all_is_a_problem_not_a_gateway_page(behind_ng
     status, headers, body = _get(port)
     assert (status, body["code"], headers["Retry-After"]) == (503, "unavailable", "5")
     assert headers["Content-Type"] == "application/problem+json"
+
+
+def test_behind_nginx_trace_and_oversized_bodies_are_answered_as_the_api_answers(behind_nginx):
+    """nginx refuses TRACE and bodies over 4 MB itself; the config hands TRACE to the portal
+    (its answer names the allowed methods) and answers the body's refusal in problem+json."""
+    port, _ = behind_nginx
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/clusters/", method="TRACE")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)  # noqa: S310  (loopback)
+    assert refused.value.code == 401 and refused.value.headers["Allow"] == "GET, HEAD, OPTIONS"
+    assert json.loads(refused.value.read())["code"] == "not_authenticated"
+
+    body = b"{" + b" " * (5 * 1024 * 1024) + b"}"
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api/v1/jobs/",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)  # noqa: S310  (loopback)
+    assert refused.value.code == 413 and refused.value.headers["Content-Type"] == "application/problem+json"
+    assert json.loads(refused.value.read())["code"] == "invalid"
