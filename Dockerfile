@@ -5,7 +5,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openssh-client gettext curl \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --create-home --home-dir /home/portal portal \
+ && useradd --system --uid 10001 --create-home --home-dir /home/portal portal \
  && mkdir -p /var/lib/portal && chown portal /var/lib/portal
 
 WORKDIR /app
@@ -18,6 +18,7 @@ RUN export SECRET_KEY=build-only-not-a-real-key-0000000000000 \
  && python manage.py collectstatic --noinput -v0 \
  && chown -R portal /var/lib/portal
 
-USER portal
+# Numeric, so that Kubernetes can check runAsNonRoot (deploy/kubernetes/portal.yaml).
+USER 10001
 EXPOSE 8000
 CMD ["gunicorn", "portal.wsgi", "--bind", "0.0.0.0:8000", "--workers", "3", "--access-logfile", "-"]
