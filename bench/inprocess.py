@@ -23,6 +23,7 @@ so that no worker dispatches them meanwhile). The same users, tenants and jobs i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -182,11 +183,14 @@ def _cancel(ids: list[int]) -> None:
     import redis
     from django.conf import settings
 
+    from clusters.backends.base import END_STATES
     from jobs.models import Job
     from jobs.services import job_cancel
+    from portal.core.errors import Conflict
 
-    for job in Job.objects.filter(id__in=ids).select_related("submitted_by"):
-        job_cancel(actor=job.submitted_by, job=job)
+    for job in Job.objects.filter(id__in=ids).exclude(state__in=END_STATES).select_related("submitted_by"):
+        with contextlib.suppress(Conflict):  # ended meanwhile (the stack's sweep may dispatch it)
+            job_cancel(actor=job.submitted_by, job=job)
     redis.Redis.from_url(settings.REDIS_URL).flushdb()
 
 
