@@ -74,7 +74,14 @@ sys.path.insert(0, str(ROOT))
 
 from bench import peers  # noqa: E402
 from bench.figures import Recorder, pct, print_summary, print_table, targets  # noqa: E402
-from bench.rss import RssSampler, children_of, cpu_pressure, cpu_some_avg10  # noqa: E402
+from bench.rss import (  # noqa: E402
+    RssSampler,
+    children_of,
+    cpu_between,
+    cpu_pressure,
+    cpu_seconds_by_group,
+    cpu_some_avg10,
+)
 
 SUBMIT_ROLES = {"owner", "manager", "member"}
 ACTIVE_STATES = ("QUEUED", "SUBMITTING", "PENDING", "RUNNING", "CANCELLING")
@@ -376,11 +383,21 @@ class Load:
 
     def phase(self, key: str, title: str, streams) -> None:
         self.settle(key)
+        cpu_before = cpu_seconds_by_group()
         run_open_loop(key, streams, self.args.duration, self.args.senders, self.rec)
+        cpu = cpu_between(cpu_before, cpu_seconds_by_group())
         rows, lag, machine = self.rec.stats(key), self.rec.lag_stats(key), cpu_pressure()
         print_table(f"{key}: {title}", rows, lag)
         print(f"  {machine}")
-        self.results["phases"][key] = {"title": title, "endpoints": rows, "lag": lag, "machine": machine}
+        portal = sum(r["count"] for name, r in rows.items() if name.startswith(("portal", "floor")))
+        per_request = {group: seconds * 1000 / portal for group, seconds in cpu.items()} if portal else {}
+        if per_request:
+            shares = ", ".join(f"{group} {ms:.2f}" for group, ms in per_request.items())
+            print(f"  CPU ms per portal request (the peers' own included where they share a group): {shares}")
+        self.results["phases"][key] = {
+            "title": title, "endpoints": rows, "lag": lag, "machine": machine,
+            "cpu_s": cpu, "cpu_ms_per_request": per_request,
+        }  # fmt: skip
 
     def phase_all_active(self) -> None:
         """Time every active job of the busiest tenant through the pages against one slurmrestd

@@ -96,3 +96,53 @@ def cpu_some_avg10() -> float | None:
         return float(Path("/proc/pressure/cpu").read_text().split()[1].partition("=")[2])
     except (OSError, IndexError, ValueError):
         return None
+
+
+# CPU time by part of the stack over a phase (bench/load.py): what each part costs per request,
+# the per-core figures docs/scaling.md scales from. Processes are grouped by their command name.
+CPU_GROUPS = {
+    "web (gunicorn)": ("gunicorn",),
+    "nginx": ("nginx",),
+    "celery": ("celery",),
+    "postgres": ("postgres",),
+    "redis": ("redis-server",),
+    "slurm": ("slurmctld", "slurmd", "slurmdbd", "slurmrestd", "munged", "mariadbd", "sshd", "sbatch"),
+}
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def _group_of(pid: str) -> str | None:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    words = " ".join(os.path.basename(part.decode(errors="replace")) for part in cmdline[:3])
+    for group, names in CPU_GROUPS.items():
+        if any(name in words for name in names):
+            return group
+    return None
+
+
+def cpu_seconds_by_group() -> dict[str, float]:
+    """user + system CPU seconds of every live process of each group (children it has reaped
+    included), read from /proc; the load generator itself is in none."""
+    totals: dict[str, float] = defaultdict(float)
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        group = _group_of(entry.name)
+        if group is None:
+            continue
+        try:
+            fields = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # after the command: state is field 3, utime 14, stime 15, cutime 16, cstime 17 (1-based)
+        totals[group] += sum(int(fields[i]) for i in (11, 12, 13, 14)) * _TICK_S
+    return dict(totals)
+
+
+def cpu_between(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds each group used between two readings (a process that ended meanwhile is lost:
+    its own parent's cutime counts it only once reaped)."""
+    return {group: max(0.0, after.get(group, 0.0) - before.get(group, 0.0)) for group in CPU_GROUPS}
