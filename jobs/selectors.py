@@ -95,7 +95,12 @@ def job_answer_row_visible_to(*, user: AbstractBaseUser, pk: int) -> dict | None
 def job_answer_rows_visible_to(*, user: AbstractBaseUser) -> QuerySet[dict]:
     """job_answers_visible_to as rows of API_JOB_FIELDS (dicts), for the list: a page of 50 read 2 ms
     faster than as 150 model instances (a job, its tenant, its submitter)."""
-    return Job.objects.filter(tenant_id__in=tenant_id_list_visible_to(user=user)).values(*API_JOB_FIELDS)
+    return _JOB_ANSWER_ROWS.filter(tenant_id__in=tenant_id_list_visible_to(user=user))
+
+
+# The list's values() query, set up once: a clone of it costs less than values() made anew (its
+# joins and columns resolved) on every page. Never evaluated itself: only its clones are.
+_JOB_ANSWER_ROWS = Job.objects.values(*API_JOB_FIELDS)
 
 
 def job_events_of(*, user: AbstractBaseUser, tenant) -> QuerySet[JobEvent]:
