@@ -403,7 +403,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "portal.core.pagination.CursorPage",
     "PAGE_SIZE": API_PAGE_SIZE,
     "DEFAULT_THROTTLE_CLASSES": ["portal.core.throttles.UserThrottle", "portal.core.throttles.AnonThrottle"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_RENDERER_CLASSES": ["portal.core.renderers.JSONRenderer"],  # orjson, DRF's bytes
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "portal.core.schema.ProblemAutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],

@@ -4,7 +4,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework import mixins, status, viewsets
 from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import AllowAny
-from rest_framework.renderers import JSONRenderer
+from portal.core.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
