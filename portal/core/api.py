@@ -4,12 +4,12 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework import mixins, status, viewsets
 from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import AllowAny
-from portal.core.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.core.errors import PROBLEM_CONTENT_TYPE
 from portal.core.models import ApiToken
+from portal.core.renderers import JSONRenderer
 from portal.core.selectors import tokens_of
 from portal.core.serializers import ID_LOOKUP, TokenCreatedOut, TokenIn, TokenOut
 from portal.core.services import token_create, token_revoke

@@ -16,12 +16,14 @@ from portal.core.renderers import JSONRenderer
 
 SAMPLES = {
     "scalars": {"a": 1, "b": [1.5, None, True, False, -0.0, 0.1 + 0.2, 1e300, -5], "c": "plain"},
-    "text beyond ASCII, and the line separators JavaScript refuses": {"x": "é 東京 \u2028 \u2029 \x00 \""},
+    "text beyond ASCII, and the line separators JavaScript refuses": {"x": 'é 東京 \u2028 \u2029 \x00 "'},
     "decimals": {"gpu_hours": decimal.Decimal("1.2500"), "zero": decimal.Decimal("0.00")},
     "datetimes": {
         "micro": datetime.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=datetime.UTC),
         "whole": datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC),
-        "offset": datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone(datetime.timedelta(hours=8))),
+        "offset": datetime.datetime(
+            2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone(datetime.timedelta(hours=8))
+        ),
         "date": datetime.date(2026, 1, 1),
         "time": datetime.time(1, 2, 3),
         "duration": datetime.timedelta(seconds=5),
