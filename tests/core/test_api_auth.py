@@ -132,3 +132,29 @@ def test_x_forwarded_for_does_not_reset_the_password_throttle(anon_client, membe
             for i in range(5)
         ]  # fmt: skip
     assert codes == [400, 400, 400, 429, 429]
+
+
+def test_me_answers_what_its_schema_serializer_would(client_for, member, tenant, other_tenant, admin_user):
+    """GET /me/ builds its answer directly (tenants.api.Me); it must equal MeOut's walk."""
+    from tenants.models import Membership, Role
+    from tenants.selectors import membership_rows_of
+    from tenants.serializers import MeOut
+
+    Membership.objects.create(user=member, tenant=other_tenant, role=Role.VIEWER)
+    for user, admin in ((member, False), (admin_user, True)):
+        answer = client_for(user).get("/api/v1/me/").json()
+        expected = MeOut(
+            {
+                "username": user.username,
+                "email": user.email,
+                "is_staff": user.is_staff,
+                "platform_admin": admin,
+                "staff_roles": [],
+                "tenants": membership_rows_of(user=user),
+            }
+        ).data
+        assert answer == expected
+    assert [t["slug"] for t in client_for(member).get("/api/v1/me/").json()["tenants"]] == [
+        "other-team",
+        "protein-lab",
+    ]
