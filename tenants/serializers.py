@@ -16,10 +16,11 @@ from portal.core.serializers import (
     StrictIntegerField,
     UsernameRef,
     is_username,
+    object_by_slug,
 )
 from portal.core.validators import reserved_slug_validator, slug_validator
 from tenants.models import Membership, QuotaGrant, QuotaRequest, Role, Tenant, TenantState, Tier
-from tenants.selectors import tenants_visible_to
+from tenants.selectors import tenant_id_list_visible_to, tenants_visible_to
 
 MAX_GPUS = 100_000
 MAX_GPU_HOURS = Decimal("100000000")
@@ -102,12 +103,28 @@ class MemberPatch(serializers.Serializer):
     role = serializers.ChoiceField(choices=Role.choices)
 
 
+_TENANTS = Tenant.objects.all()  # declared once: object_by_slug compiles per queryset
+
+
 class VisibleTenantField(SlugRef):
     """A tenant slug among those the caller may see: another tenant's slug reads as unknown,
     exactly like one that does not exist."""
 
     def get_queryset(self):
         return tenants_visible_to(user=self.context["request"].user)
+
+    def to_internal_value(self, data):
+        """The tenant by its compiled lookup, then the caller's tenants from the request's
+        permission map (tenant_id_list_visible_to): what tenants_visible_to answers, in one
+        query instead of a query with a subquery built anew."""
+        if not isinstance(data, str) or self.regex.fullmatch(data) is None:
+            self.fail("invalid")
+        tenant = object_by_slug(_TENANTS, data)
+        visible = tenant_id_list_visible_to(user=self.context["request"].user)
+        # Not a list: staff who see every tenant (the subquery of them all).
+        if tenant is None or (isinstance(visible, list) and tenant.pk not in visible):
+            self.fail("does_not_exist", slug_name=self.slug_field, value=data)
+        return tenant
 
 
 class QuotaRequestIn(serializers.Serializer):

@@ -1,8 +1,11 @@
 import re
 
+from django.db import DEFAULT_DB_ALIAS
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from portal.core.compiled import CompiledQuery
 from portal.core.errors import PROBLEM_CODES
 from portal.core.models import ApiToken
 from portal.core.validators import slug_validator
@@ -134,12 +137,44 @@ class _PatternRef(serializers.SlugRelatedField):
 
 @extend_schema_field({"type": "string", "pattern": SLUG_PATTERN, "maxLength": 63})
 class SlugRef(_PatternRef):
-    """An object by its slug (docs/api.md: lowercase [a-z0-9-])."""
+    """An object by its slug (docs/api.md: lowercase [a-z0-9-]). The lookup in the field's
+    declared queryset is compiled once (object_by_slug): a submission makes four."""
 
     regex = slug_validator.regex
 
     def __init__(self, **kwargs):
         super().__init__(slug_field="slug", **kwargs)
+
+    def to_internal_value(self, data):
+        queryset = self.get_queryset()
+        if queryset is not self.queryset:  # a queryset of the request's (get_queryset): the ORM's way
+            return super().to_internal_value(data)
+        if not isinstance(data, str) or self.regex.fullmatch(data) is None:
+            self.fail("invalid")
+        found = object_by_slug(queryset, data)
+        if found is None:
+            self.fail("does_not_exist", slug_name=self.slug_field, value=data)
+        return found
+
+
+# The compiled lookups of object_by_slug, by the declared queryset (kept alive here, so that its
+# id is never another's).
+_BY_SLUG: dict[int, tuple[QuerySet, CompiledQuery, list[str]]] = {}
+_SLUG_PROBE = "probe-slug-7300003"
+
+
+def object_by_slug(queryset: QuerySet, slug: str):
+    """The queryset's object with this slug, or None: one query compiled once per queryset
+    (portal.core.compiled), the model instance made from its row as the ORM makes it. Only for
+    querysets declared once (a field's, a module's): each new one is compiled and kept anew."""
+    entry = _BY_SLUG.get(id(queryset))
+    if entry is None or entry[0] is not queryset:
+        names = [field.attname for field in queryset.model._meta.concrete_fields]
+        compiled = CompiledQuery(lambda slug: queryset.filter(slug=slug).values_list(*names), _SLUG_PROBE)
+        entry = _BY_SLUG[id(queryset)] = (queryset, compiled, names)
+    queryset, compiled, names = entry
+    rows = compiled.rows(slug)
+    return queryset.model.from_db(DEFAULT_DB_ALIAS, names, rows[0]) if rows else None
 
 
 @extend_schema_field({"type": "string", "pattern": USERNAME_PATTERN, "maxLength": 150})

@@ -132,3 +132,20 @@ def test_a_token_finds_its_whole_user_and_loads_the_rest_when_read(member):
         assert token.name == "ci"  # not read with the token: loaded now
     assert len(queries) == 1
     assert token_and_user(key + "x") is None
+
+
+def test_object_by_slug_is_the_orms_object_field_for_field(catalog):
+    from clusters.models import Scenario
+    from portal.core.serializers import object_by_slug
+
+    declared = Scenario.objects.all()
+    scenario, _ = catalog
+    found = object_by_slug(declared, scenario.slug)
+    expected = Scenario.objects.get(slug=scenario.slug)
+    assert found is not None and not found._state.adding
+    fields = [f.attname for f in Scenario._meta.concrete_fields]
+    assert [getattr(found, f) for f in fields] == [getattr(expected, f) for f in fields]
+    assert object_by_slug(declared, "no-such-scenario") is None
+    with CaptureQueriesContext(connection) as queries:
+        object_by_slug(declared, scenario.slug)
+    assert len(queries) == 1
