@@ -146,32 +146,36 @@ class SlugRef(_PatternRef):
         super().__init__(slug_field="slug", **kwargs)
 
     def to_internal_value(self, data):
-        queryset = self.get_queryset()
-        if queryset is not self.queryset:  # a queryset of the request's (get_queryset): the ORM's way
-            return super().to_internal_value(data)
+        if type(self).get_queryset is not serializers.RelatedField.get_queryset or self.queryset is None:
+            return super().to_internal_value(data)  # a queryset of the request's: the ORM's way
         if not isinstance(data, str) or self.regex.fullmatch(data) is None:
             self.fail("invalid")
-        found = object_by_slug(queryset, data)
+        # Keyed by where the field is declared: DRF deep-copies each field, queryset included,
+        # for every serializer it makes, so the queryset itself is a new object each time.
+        found = object_by_slug(self.queryset, data, key=(type(self.parent), self.field_name))
         if found is None:
             self.fail("does_not_exist", slug_name=self.slug_field, value=data)
         return found
 
 
-# The compiled lookups of object_by_slug, by the declared queryset (kept alive here, so that its
-# id is never another's).
-_BY_SLUG: dict[int, tuple[QuerySet, CompiledQuery, list[str]]] = {}
+# The compiled lookups of object_by_slug, by their key: a declared queryset's id (the queryset
+# kept here, so that its id is never another's) or the caller's own key.
+_BY_SLUG: dict[object, tuple[QuerySet, CompiledQuery, list[str]]] = {}
 _SLUG_PROBE = "probe-slug-7300003"
 
 
-def object_by_slug(queryset: QuerySet, slug: str):
-    """The queryset's object with this slug, or None: one query compiled once per queryset
-    (portal.core.compiled), the model instance made from its row as the ORM makes it. Only for
-    querysets declared once (a field's, a module's): each new one is compiled and kept anew."""
-    entry = _BY_SLUG.get(id(queryset))
-    if entry is None or entry[0] is not queryset:
+def object_by_slug(queryset: QuerySet, slug: str, key: object = None):
+    """The queryset's object with this slug, or None: one query compiled once per key
+    (portal.core.compiled), the model instance made from its row as the ORM makes it. The key is
+    the queryset's identity unless given: only for querysets declared once (a module's), or for
+    a key that names where one is declared (a serializer class and field), so that the cache
+    stays as small as the code."""
+    key = ("id", id(queryset)) if key is None else key
+    entry = _BY_SLUG.get(key)
+    if entry is None or (key[0] == "id" and entry[0] is not queryset):
         names = [field.attname for field in queryset.model._meta.concrete_fields]
         compiled = CompiledQuery(lambda slug: queryset.filter(slug=slug).values_list(*names), _SLUG_PROBE)
-        entry = _BY_SLUG[id(queryset)] = (queryset, compiled, names)
+        entry = _BY_SLUG[key] = (queryset, compiled, names)
     queryset, compiled, names = entry
     rows = compiled.rows(slug)
     return queryset.model.from_db(DEFAULT_DB_ALIAS, names, rows[0]) if rows else None

@@ -149,3 +149,25 @@ def test_object_by_slug_is_the_orms_object_field_for_field(catalog):
     with CaptureQueriesContext(connection) as queries:
         object_by_slug(declared, scenario.slug)
     assert len(queries) == 1
+
+
+def test_a_body_field_compiles_its_lookup_once_whatever_drf_copies(
+    client_for, member, grant, local_partition
+):
+    """DRF copies a field's queryset for every serializer it makes: the compiled lookups are
+    keyed by where the field is declared, so they neither recompile nor pile up per request."""
+    from portal.core import serializers as core
+    from tests.jobs_support import JOB
+
+    api = client_for(member)
+    assert api.post("/api/v1/jobs/", JOB | {"name": "first"}, format="json").status_code == 201
+    kept = len(core._BY_SLUG)
+    compiles: list[str] = []
+    original = CompiledQuery._compile
+    CompiledQuery._compile = lambda self, using: (compiles.append(using), original(self, using))[1]
+    try:
+        for n in range(3):
+            assert api.post("/api/v1/jobs/", JOB | {"name": f"again-{n}"}, format="json").status_code == 201
+    finally:
+        CompiledQuery._compile = original
+    assert len(core._BY_SLUG) == kept and compiles == []
