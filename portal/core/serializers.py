@@ -160,7 +160,7 @@ class SlugRef(_PatternRef):
 
 # The compiled lookups of object_by_slug, by their key: a declared queryset's id (the queryset
 # kept here, so that its id is never another's) or the caller's own key.
-_BY_SLUG: dict[object, tuple[QuerySet, CompiledQuery, list[str]]] = {}
+SLUG_LOOKUPS: dict[object, tuple[QuerySet, CompiledQuery, list[str]]] = {}
 _SLUG_PROBE = "probe-slug-7300003"
 
 
@@ -171,11 +171,11 @@ def object_by_slug(queryset: QuerySet, slug: str, key: object = None):
     a key that names where one is declared (a serializer class and field), so that the cache
     stays as small as the code."""
     key = ("id", id(queryset)) if key is None else key
-    entry = _BY_SLUG.get(key)
+    entry = SLUG_LOOKUPS.get(key)
     if entry is None or (key[0] == "id" and entry[0] is not queryset):
         names = [field.attname for field in queryset.model._meta.concrete_fields]
         compiled = CompiledQuery(lambda slug: queryset.filter(slug=slug).values_list(*names), _SLUG_PROBE)
-        entry = _BY_SLUG[key] = (queryset, compiled, names)
+        entry = SLUG_LOOKUPS[key] = (queryset, compiled, names)
     queryset, compiled, names = entry
     rows = compiled.rows(slug)
     return queryset.model.from_db(DEFAULT_DB_ALIAS, names, rows[0]) if rows else None

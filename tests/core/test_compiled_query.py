@@ -161,7 +161,7 @@ def test_a_body_field_compiles_its_lookup_once_whatever_drf_copies(
 
     api = client_for(member)
     assert api.post("/api/v1/jobs/", JOB | {"name": "first"}, format="json").status_code == 201
-    kept = len(core._BY_SLUG)
+    kept = len(core.SLUG_LOOKUPS)
     compiles: list[str] = []
     original = CompiledQuery._compile
     CompiledQuery._compile = lambda self, using: (compiles.append(using), original(self, using))[1]
@@ -170,4 +170,4 @@ def test_a_body_field_compiles_its_lookup_once_whatever_drf_copies(
             assert api.post("/api/v1/jobs/", JOB | {"name": f"again-{n}"}, format="json").status_code == 201
     finally:
         CompiledQuery._compile = original
-    assert len(core._BY_SLUG) == kept and compiles == []
+    assert len(core.SLUG_LOOKUPS) == kept and compiles == []
