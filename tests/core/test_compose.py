@@ -1,5 +1,6 @@
 """docker-compose.yml: no Docker engine runs here, so check that the file and the project agree."""
 
+import re
 import shlex
 
 import pytest
@@ -22,7 +23,17 @@ def argv(command) -> list[str]:
 
 
 def test_the_stack_has_every_part():
-    assert set(COMPOSE["services"]) == {"postgres", "redis", *PORTAL_SERVICES}
+    assert set(COMPOSE["services"]) == {"postgres", "redis", "proxy", *PORTAL_SERVICES}
+
+
+def test_the_proxy_runs_the_projects_nginx_config_in_front_of_the_only_web():
+    proxy, web = COMPOSE["services"]["proxy"], COMPOSE["services"]["web"]
+    assert proxy["volumes"] == ["./deploy/nginx/portal.conf:/etc/portal-nginx/portal.conf:ro"]
+    command = " ".join(proxy["command"])
+    template = (ROOT / "deploy" / "nginx" / "portal.conf").read_text()
+    assert set(re.findall(r"@([A-Z]+)@", template)) == set(re.findall(r"s#@([A-Z]+)@#", command))
+    assert "s#@UPSTREAM@#web:8000#g" in command and "ports" not in web
+    assert proxy["ports"] == ["8000:8000"] and web["environment"]["NUM_PROXIES"] == "1"
 
 
 @pytest.mark.parametrize("name", sorted(COMPOSE["services"]))
