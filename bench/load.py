@@ -29,7 +29,8 @@ Phases; each pits the portal against its peer in the same phase, interleaved:
   h  phase c's requests to the floor, --rate
   i  the mix at --sla-rate (150/s): the SLA's P99 of 200 ms must hold
   k  capacity: the mix at each of --capacity-rates for --step-seconds while its P99 stays within
-     200 ms with no error, then slurmrestd's get the same way: the highest rate that held
+     200 ms with no error (a rate fails when two runs of it in a row fail), then slurmrestd's get
+     the same way: the highest rate that held
   o  overload: the mix at twice phase k's capacity for --duration, then at half of it for 20 s:
      how long any request waited before its answer (refusals, 503 `unavailable`, included), the
      answered ones' P99, how soon after the drop every second is back within the SLA, and how
@@ -522,16 +523,9 @@ class Load:
         for label, pick in (("portal mix", self.mixed), ("slurmrestd GET job", self.rest_get_job)):
             held = None
             for rate in steps:
-                key = f"k {label} @{rate:g}/s"
-                self.settle(key)
-                run_open_loop(key, [(rate, pick)], self.args.step_seconds, self.args.senders, self.rec)
-                rows = self.rec.stats(key)
-                p99, errors = _overall(rows)
-                lag = self.rec.lag_stats(key)
-                print(
-                    f"  {key}: P99 {p99:.1f} ms, {errors} errors (schedule loop late P99 {lag['loop']['p99_ms']:.1f} ms)"
-                )
-                if p99 > SLA_P99_MS or errors:
+                # A rate fails when two runs of it in a row fail: one burst of the machine's own
+                # (a periodic task, another process) does not end the search.
+                if not any(self._step_holds(label, pick, rate, attempt) for attempt in (1, 2)):
                     break
                 held = rate
             found[label] = held
@@ -542,6 +536,15 @@ class Load:
             "step_s": self.args.step_seconds,
         }
         self.capacity = found.get("portal mix")
+
+    def _step_holds(self, label: str, pick, rate: float, attempt: int) -> bool:
+        key = f"k {label} @{rate:g}/s" + (" (again)" if attempt > 1 else "")
+        self.settle(key)
+        run_open_loop(key, [(rate, pick)], self.args.step_seconds, self.args.senders, self.rec)
+        p99, errors = _overall(self.rec.stats(key))
+        late = self.rec.lag_stats(key)["loop"]["p99_ms"]
+        print(f"  {key}: P99 {p99:.1f} ms, {errors} errors (schedule loop late P99 {late:.1f} ms)")
+        return p99 <= SLA_P99_MS and not errors
 
     def phase_overload(self) -> None:
         """Phase o: the mix at twice the capacity (phase k's, else --overload-rate ÷ 2) for
@@ -758,7 +761,7 @@ def main() -> None:
     parser.add_argument("--submit-rate", type=float, default=50.0, help="phase b: submissions/s")
     parser.add_argument("--sla-rate", type=float, default=150.0, help="phase i: the mix's rate")
     parser.add_argument("--capacity-rates", default="100,150,200,250,300,350,400,500,600,800")
-    parser.add_argument("--step-seconds", type=float, default=15.0, help="phase k: seconds per rate")
+    parser.add_argument("--step-seconds", type=float, default=20.0, help="phase k: seconds per rate")
     parser.add_argument(
         "--overload-rate", type=float, default=400.0, help="phase o's rate when phase k did not run"
     )
