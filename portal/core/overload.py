@@ -12,12 +12,21 @@ millisecond each) instead of growing without bound, and a client knows to come b
 request did nothing, so nothing it sent is lost: a submission is retried with the same
 Idempotency-Key.
 
+Under sustained overload the bound tightens (CoDel's test for a standing queue, from network
+queue management): when every request a worker took up over the last half second had waited
+longer than a tenth of the bound, the queue is not a burst that will drain but one that stays,
+and then the bound is a fifth of itself (100 ms of 500) until a half second passes in which some
+request waited less. The requests that are served then wait at most that, not the whole bound,
+while a burst at a rate the portal can carry (the queue drains, some request waits little) is
+still served whole.
+
 Only a proxy sets the header (it overwrites any that a client sent). A request that reaches
 gunicorn directly without one is never refused; a client that sends one itself can at most
 have its own request refused, or served as it would be without the header.
 """
 
 import logging
+import math
 import time
 
 from django.conf import settings
@@ -49,15 +58,46 @@ def queued_s(meta: dict, now: float) -> float | None:
     return max(0.0, now - started)
 
 
+class StandingQueue:
+    """CoDel's test, per process: over each interval, the least wait of the requests taken up.
+    The queue stands when, over the last interval that had requests, even the least wait was
+    above the target."""
+
+    INTERVAL_S = 0.5
+
+    def __init__(self) -> None:
+        self.ends_at, self.least, self.standing = 0.0, math.inf, False
+
+    def observe(self, waited_s: float, now: float, target_s: float) -> bool:
+        """Count one request's wait; whether the queue stands (as of the last interval)."""
+        if now >= self.ends_at:
+            # A whole interval since the last one ended without a request: nothing stood in it.
+            idle = now >= self.ends_at + self.INTERVAL_S
+            self.standing = not idle and self.least > target_s
+            self.least, self.ends_at = math.inf, now + self.INTERVAL_S
+        self.least = min(self.least, waited_s)
+        return self.standing
+
+
+TARGET_SHARE = 0.1  # a queue stands when the least wait stays above this share of the bound
+STANDING_SHARE = 0.2  # and then the bound is this share of itself
+QUEUE = StandingQueue()  # per process; a sync worker has one thread
+
+
 def shed_when_queued_too_long(get_response):
-    """Refuse (503, Retry-After) a request that waited longer than SHED_QUEUED_AFTER_MS."""
+    """Refuse (503, Retry-After) a request that waited longer than SHED_QUEUED_AFTER_MS, or a
+    fifth of it while the queue stands."""
 
     def middleware(request):
-        bound_ms = settings.SHED_QUEUED_AFTER_MS
-        if bound_ms and request.path not in NEVER_SHED:
-            waited = queued_s(request.META, time.time())
-            if waited is not None and waited * 1000 > bound_ms:
-                return _refusal(request, waited)
+        bound_s = settings.SHED_QUEUED_AFTER_MS / 1000
+        if bound_s and request.path not in NEVER_SHED:
+            now = time.time()
+            waited = queued_s(request.META, now)
+            if waited is not None:
+                if QUEUE.observe(waited, now, bound_s * TARGET_SHARE):
+                    bound_s *= STANDING_SHARE
+                if waited > bound_s:
+                    return _refusal(request, waited)
         return get_response(request)
 
     return middleware

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from jobs.models import Job
+from portal.core import overload
 from tests.api_support import assert_problem
 from tests.conftest import ROOT, VENV_BIN, free_port, stop, wait_for_port
 from tests.jobs_support import JOB
@@ -23,6 +24,42 @@ from tests.jobs_support import JOB
 
 def stamp(ago_s: float) -> str:
     return f"t={time.time() - ago_s:.3f}"
+
+
+@pytest.fixture(autouse=True)
+def fresh_queue(monkeypatch):
+    """Each test starts with no standing queue (the state is per process)."""
+    monkeypatch.setattr(overload, "QUEUE", overload.StandingQueue())
+
+
+def test_a_queue_stands_when_even_the_least_wait_of_an_interval_is_above_the_target():
+    queue, target = overload.StandingQueue(), 0.05
+    assert queue.observe(0.3, 100.0, target) is False  # nothing known before the first interval
+    assert queue.observe(0.2, 100.3, target) is False
+    assert queue.observe(0.3, 100.6, target) is True  # 100.0–100.5: least 0.2
+    assert queue.observe(0.01, 100.7, target) is True  # as of the last whole interval
+    assert queue.observe(0.3, 101.2, target) is False  # 100.6–101.1: least 0.01, a burst
+    assert queue.observe(0.3, 101.3, target) is False
+    assert queue.observe(0.3, 101.8, target) is True  # 101.2–101.7: least 0.3
+    assert queue.observe(0.3, 105.0, target) is False  # idle since 102.3: no queue stands
+
+
+@pytest.mark.django_db
+def test_while_the_queue_stands_the_bound_is_a_fifth_of_itself(anon_client, settings):
+    """500 ms: a burst that waited 300 ms is served; once every request of half a second has
+    waited that long, a request that waited 300 ms is refused and one that waited 20 ms served,
+    until half a second passes in which some request waited little."""
+    settings.SHED_QUEUED_AFTER_MS = 500
+
+    def status(waited_s: float) -> int:
+        return anon_client.get("/api/v1/me/", HTTP_X_REQUEST_START=stamp(waited_s)).status_code
+
+    assert status(0.3) == 401
+    time.sleep(overload.StandingQueue.INTERVAL_S + 0.05)
+    assert status(0.3) == 503
+    assert status(0.02) == 401
+    time.sleep(overload.StandingQueue.INTERVAL_S + 0.05)
+    assert status(0.3) == 401
 
 
 @pytest.mark.django_db
