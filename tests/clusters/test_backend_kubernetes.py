@@ -261,9 +261,15 @@ def test_walltime_is_timeout(api, backend):
     assert job["spec"]["activeDeadlineSeconds"] == 60
     # a minute is long for a test: shorten the deadline as an admin could (the field is mutable)
     job_path = f"/apis/batch/v1/namespaces/protein-lab/jobs/{job['metadata']['name']}"
-    _status, current = backend.api.request("read", "GET", job_path)
-    current["spec"]["activeDeadlineSeconds"] = 1
-    backend.api.request("update", "PUT", job_path, body=current)
+    # Read, change, write as kubectl edit does: the controller may update the Job between the
+    # read and the write (its status), which the server refuses with 409; then read again.
+    for _ in range(10):
+        _status, current = backend.api.request("read", "GET", job_path)
+        current["spec"]["activeDeadlineSeconds"] = 1
+        written, _ = backend.api.request("update", "PUT", job_path, body=current, allow=(409,))
+        if written == 200:
+            break
+    assert written == 200
     status = wait_for(backend, backend_id, ended)
     assert (status.state, status.raw_state) == (base.JobState.TIMEOUT, "DeadlineExceeded")
 
