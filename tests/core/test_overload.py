@@ -45,9 +45,9 @@ def test_a_queue_stands_when_even_the_least_wait_of_an_interval_is_above_the_tar
 
 
 @pytest.mark.django_db
-def test_while_the_queue_stands_the_bound_is_a_fifth_of_itself(anon_client, settings):
+def test_while_the_queue_stands_the_bound_is_two_fifths_of_itself(anon_client, settings):
     """500 ms: a burst that waited 300 ms is served; once every request of half a second has
-    waited that long, a request that waited 300 ms is refused and one that waited 20 ms served,
+    waited past 200 ms, a request that waited 300 ms is refused and one that waited 20 ms served,
     until half a second passes in which some request waited little."""
     settings.SHED_QUEUED_AFTER_MS = 500
 
