@@ -38,6 +38,7 @@ from jobs.models import Job
 from jobs.selectors import API_JOB_FIELDS
 from jobs.serializers import job_answer
 from portal.core.models import ApiToken, token_digest
+from portal.core.staff import is_platform_admin, staff_roles_of
 from portal.core.throttles import window_count
 from tenants.models import Membership, Tenant, TenantUserPermission
 from tenants.roles import VIEW
@@ -61,7 +62,8 @@ FROM = (
     f"WHERE j.tenant_id IN (SELECT content_object_id FROM {PERM} WHERE user_id = %s AND permission_id = %s)"
 )
 SQL_JOB = f"SELECT {COLUMNS} {FROM} AND j.id = %s"
-SQL_ME = f"SELECT username, email, is_staff FROM {USER} WHERE id = %s"  # noqa: S608
+ME_FIELDS = ("id", "username", "email", "is_staff", "is_active", "is_superuser")
+SQL_ME = f"SELECT {', '.join(ME_FIELDS)} FROM {USER} WHERE id = %s"  # noqa: S608
 SQL_MY_TENANTS = (
     f"SELECT t.slug, t.name, m.role FROM {MEMBER} m JOIN {TENANT} t ON t.id = m.tenant_id "  # noqa: S608
     "WHERE m.user_id = %s ORDER BY t.slug"
@@ -145,17 +147,24 @@ def jobs(request) -> HttpResponse:
 
 
 def me(request) -> HttpResponse:
-    """GET /api/v1/me/ for a caller who is not staff (the bench's users): no staff role to read."""
+    """GET /api/v1/me/: the user's row, its staff powers by the portal's own rules
+    (portal.core.staff: none, without a query, for a caller who is not staff, as the bench's
+    users are), its memberships by hand-written SQL."""
     with connection.cursor() as cursor:
         user_id = _caller(request, cursor)
         if isinstance(user_id, HttpResponse):
             return user_id
         cursor.execute(SQL_ME, [user_id])
-        username, email, is_staff = cursor.fetchone()
+        user = User.from_db(connection.alias, list(ME_FIELDS), cursor.fetchone())
         cursor.execute(SQL_MY_TENANTS, [user_id])
         tenants = [{"slug": slug, "name": name, "role": role} for slug, name, role in cursor.fetchall()]
-    body = {"username": username, "email": email, "is_staff": is_staff, "platform_admin": False}
-    return _json(body | {"staff_roles": [], "tenants": tenants})
+    body = {"username": user.username, "email": user.email, "is_staff": user.is_staff}
+    body |= {
+        "platform_admin": is_platform_admin(user),
+        "staff_roles": staff_roles_of(user),
+        "tenants": tenants,
+    }
+    return _json(body)
 
 
 urlpatterns = [

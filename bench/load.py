@@ -56,16 +56,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import random
-import subprocess
 import sys
 import threading
 import time
 import uuid
 from collections import defaultdict, deque
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import redis
@@ -73,11 +71,12 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import peers  # noqa: E402
-from bench.figures import Recorder, pct, print_summary, print_table, targets  # noqa: E402
+from bench import capacity, peers  # noqa: E402
+from bench.figures import Recorder, print_summary, print_table, targets  # noqa: E402
+from bench.floor_server import FloorServer  # noqa: E402
+from bench.openloop import ApiError, Portal, run_open_loop  # noqa: E402
 from bench.rss import (  # noqa: E402
     RssSampler,
-    children_of,
     cpu_between,
     cpu_pressure,
     cpu_seconds_by_group,
@@ -90,87 +89,10 @@ LIST_FILTERS = (("QUEUED",), ("PENDING",), ("RUNNING",), ("COMPLETED",), ("PENDI
 MIX = (("list_jobs", 35), ("get_job", 30), ("list_quotas", 10), ("me", 10), ("submit", 10), ("cancel", 5))
 SCRIPT = "#!/bin/bash\ntrue\n"
 WARM_CALLS = 50  # untimed calls of each kind before the first phase
-DRAIN_S = 60.0  # after a phase's last arrival, how long its requests may still take
-SLA_P99_MS = 200.0  # the Postman SLA our sites use: the capacity is the rate that keeps it
-RECOVERY_S = 20.0  # phase o: how long the load stays low after the overload
 SETTLE_MAX_S = 180.0  # before a phase, how long to wait for the previous one's backlog to clear
 UNACKED = "unacked"  # kombu's Redis transport: messages a worker holds, until it acks them
 SETTLE_PRESSURE = 20.0  # "quiet": CPU pressure (PSI some avg10) below this, in %
 RNG = random.Random(1)  # noqa: S311  (seeded: the same picks run after run; nothing secret)
-
-
-class ApiError(RuntimeError):
-    def __init__(self, status: int, code: str) -> None:
-        super().__init__(f"HTTP {status} {code}".strip())
-
-
-class Portal:
-    """The portal's API over keep-alive HTTP (gunicorn's sync workers close after each answer)."""
-
-    def __init__(self, base_url: str) -> None:
-        self.http = peers.LoopbackHttp(base_url, timeout_s=60)
-
-    def call(self, method: str, path: str, token: str, body: dict | None = None, key: str = ""):
-        headers = {"Authorization": f"Token {token}", "Accept": "application/json"}
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        if key:
-            headers["Idempotency-Key"] = key
-        status, raw = self.http.request(method, path, headers, data)
-        if status >= 400:
-            try:
-                code = json.loads(raw).get("code", "")
-            except (ValueError, AttributeError):
-                code = ""
-            raise ApiError(status, code)
-        return json.loads(raw) if raw else None
-
-
-# --------------------------------------------------------------- open loop --
-def run_open_loop(phase: str, streams: list[tuple], duration_s: float, senders: int, rec):
-    """Send each stream's requests at Poisson arrival times for duration_s. A stream is (rate,
-    pick), or (rate, pick, from_s, to_s) to send only in that part of the phase. Its pick() runs
-    in a sender thread and returns (endpoint, call); call() raises on failure. Each stream has
-    its own senders, so that a peer's requests never queue behind a saturated portal's."""
-    rng = random.Random(f"{phase}-{duration_s}")  # noqa: S311  (arrival times, not secrets)
-    plan = []
-    for index, (rate, _, *window) in enumerate(streams):
-        begin, end = window or (0.0, duration_s)
-        t = begin + rng.expovariate(rate)
-        while t < min(end, duration_s):
-            plan.append((t, index))
-            t += rng.expovariate(rate)
-    plan.sort()
-    pools = [
-        ThreadPoolExecutor(max_workers=senders, thread_name_prefix=f"{phase}{i}") for i in range(len(streams))
-    ]
-    start = time.monotonic() + 0.1
-    rec.started[phase] = start
-    futures = []
-    for offset, index in plan:
-        delay = start + offset - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        rec.loop_late(phase, max(0.0, -delay))
-        futures.append(pools[index].submit(_send, phase, streams[index][1], start + offset, rec))
-    _, late = wait(futures, timeout=DRAIN_S)
-    for pool in pools:  # what has not even left by now never will: the next phase starts clean
-        pool.shutdown(wait=True, cancel_futures=True)
-    for _ in range(sum(1 for future in late if future.cancelled())):
-        rec.add(phase, "(never sent: the senders were all busy)", DRAIN_S, "never sent")
-
-
-def _send(phase: str, pick, due: float, rec: Recorder) -> None:
-    wait_s = time.monotonic() - due
-    endpoint, call = pick()
-    error = ""
-    try:
-        call()
-    except Exception as exc:  # every failure is a figure of the run, not a reason to stop it
-        error = str(exc)[:60] if isinstance(exc, ApiError) else type(exc).__name__
-    rec.add(phase, endpoint, time.monotonic() - due, error, wait_s, due)
 
 
 # ---------------------------------------------------------------- the site --
@@ -504,107 +426,15 @@ class Load:
                 sla = self.args.sla_rate
                 self.phase("i", f"mixed load {sla:g}/s, the SLA's rate", [(sla, self.mixed)])
             if "k" in phases:
-                self.phase_capacity()
+                capacity.phase_capacity(self)
             if "o" in phases:
-                self.phase_overload()
+                capacity.phase_overload(self)
         finally:
             rss.stop()
             if not self.args.keep_jobs:
                 self.cleanup()
         self.results["rss"] = rss.summary()
         self.results["targets"] = targets(self.results)
-
-    def phase_capacity(self) -> None:
-        """Phase k: the mix at rising rates (--capacity-rates, --step-seconds each) while its P99
-        stays within the SLA with no error; then slurmrestd's get the same way. The capacity is
-        the highest rate that held."""
-        steps = [float(r) for r in self.args.capacity_rates.split(",")]
-        found = {}
-        for label, pick in (("portal mix", self.mixed), ("slurmrestd GET job", self.rest_get_job)):
-            held = None
-            for rate in steps:
-                # A rate fails when two runs of it in a row fail: one burst of the machine's own
-                # (a periodic task, another process) does not end the search.
-                if not any(self._step_holds(label, pick, rate, attempt) for attempt in (1, 2)):
-                    break
-                held = rate
-            found[label] = held
-        print_table_capacity(found)
-        self.results["phases"]["k"] = {
-            "capacity_per_s": found,
-            "steps": steps,
-            "step_s": self.args.step_seconds,
-        }
-        self.capacity = found.get("portal mix")
-
-    def _step_holds(self, label: str, pick, rate: float, attempt: int) -> bool:
-        key = f"k {label} @{rate:g}/s" + (" (again)" if attempt > 1 else "")
-        self.settle(key)
-        run_open_loop(key, [(rate, pick)], self.args.step_seconds, self.args.senders, self.rec)
-        p99, errors = _overall(self.rec.stats(key))
-        late = self.rec.lag_stats(key)["loop"]["p99_ms"]
-        print(f"  {key}: P99 {p99:.1f} ms, {errors} errors (schedule loop late P99 {late:.1f} ms)")
-        return p99 <= SLA_P99_MS and not errors
-
-    def phase_overload(self) -> None:
-        """Phase o: the mix at twice the capacity (phase k's, else --overload-rate ÷ 2) for
-        --duration, then at half the capacity for RECOVERY_S more. Refusals (503 `unavailable`)
-        are the portal shedding what waited too long; the figures: how long any request waited
-        before its answer, the answered ones' P99, how soon after the load drops every second is
-        back to normal, and whether every submission answered 201 exists afterwards."""
-        capacity = getattr(self, "capacity", None) or self.args.overload_rate / 2
-        high, low, span = 2 * capacity, capacity / 2, self.args.duration
-        submitted_before = len(self.site.submitted)
-        key = "o"
-        self.settle(key)
-        senders = max(self.args.senders, int(high * 2))  # answers may take a second: enough in flight
-        streams = [(high, self.mixed, 0.0, span), (low, self.mixed, span, span + RECOVERY_S)]
-        run_open_loop(key, streams, span + RECOVERY_S, senders, self.rec)
-        timeline = self.rec.timeline[key]
-        over = [t for t in timeline if t[0] < span]
-        answered = sorted(t[1] * 1000 for t in over if not t[3])
-        refused = sorted(t[1] * 1000 for t in over if t[3].startswith("HTTP 503"))
-        failed = [t for t in over if t[3] and not t[3].startswith("HTTP 503")]
-        recovery_s = _recovery_s(timeline, span, span + RECOVERY_S)
-        accepted = self.site.submitted[submitted_before:]
-        lost = self._missing(accepted)
-        figures = {
-            "rate_high_per_s": high,
-            "rate_low_per_s": low,
-            "requests": len(over),
-            "answered": len(answered),
-            "answered_p99_ms": pct(answered, 99),
-            "refused": len(refused),
-            "refused_max_ms": refused[-1] if refused else 0.0,
-            "max_ms": max([t[1] * 1000 for t in over], default=0.0),
-            "failed": len(failed),
-            "failed_kinds": sorted({t[3] for t in failed}),
-            "recovery_s": recovery_s,
-            "submitted_201": len(accepted),
-            "lost": lost,
-        }
-        print(f"\n== o: overload, the mix at {high:g}/s for {span:g} s, then {low:g}/s for {RECOVERY_S:g} s")
-        for name, value in figures.items():
-            print(f"  {name:<20} {value:.1f}" if isinstance(value, float) else f"  {name:<20} {value}")
-        self.results["phases"]["o"] = {"figures": figures, "machine": cpu_pressure()}
-
-    def _missing(self, accepted: list[tuple[str, str]]) -> int:
-        """How many of these (token, job id) the portal no longer answers: lost submissions."""
-
-        def gone(item) -> bool:
-            token, job_id = item
-            for _ in range(5):  # bounded: a 503 now is the overload's tail, not a loss
-                try:
-                    self.api.call("GET", f"/api/v1/jobs/{job_id}/", token)
-                    return False
-                except ApiError as exc:
-                    if not str(exc).startswith("HTTP 503"):
-                        return True
-                    time.sleep(1)
-            return True
-
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            return sum(pool.map(gone, accepted))
 
     def phases_floor(self) -> None:
         """Phases g and h: a and c's requests to the floor's own gunicorn (bench/floor_views.py)."""
@@ -644,109 +474,6 @@ class Load:
     def _cancel_quietly(self, token: str, job_id: str) -> None:
         with contextlib.suppress(ApiError):
             self.api.call("POST", f"/api/v1/jobs/{job_id}/cancel/", token)
-
-
-def _overall(rows: dict[str, dict]) -> tuple[float, int]:
-    """P99 and errors of a phase's rows: its ALL line when it has one, else its one endpoint."""
-    row = rows.get("ALL (portal)") or next(iter(rows.values()))
-    return row["p99_ms"], row["errors"]
-
-
-def _recovery_s(timeline: list[tuple], drop_s: float, end_s: float) -> float:
-    """Seconds after the load dropped until every later second (by arrival) had no refusal, no
-    error and a P99 within the SLA: how soon the portal was back to normal. inf: never."""
-    windows: dict[int, list[tuple]] = defaultdict(list)
-    for due, latency, _, error in timeline:
-        if due >= drop_s:
-            windows[int(due - drop_s)].append((latency * 1000, error))
-    last = int(end_s - drop_s)
-    normal_from = last
-    for second in range(last - 1, -1, -1):
-        got = windows.get(second, [])
-        if any(error for _, error in got) or pct(sorted(ms for ms, _ in got), 99) > SLA_P99_MS:
-            break
-        normal_from = second
-    return float(normal_from) if normal_from < last else math.inf
-
-
-def print_table_capacity(found: dict) -> None:
-    print(f"\n== k: capacity, the highest rate whose P99 stayed ≤ {SLA_P99_MS:g} ms with no error")
-    for label, rate in found.items():
-        print(f"  {label:<24} {'below the first step' if rate is None else f'{rate:g}/s'}")
-
-
-class FloorServer:
-    """The floor's gunicorn on 127.0.0.1:port for the duration of a with block, with as many sync
-    workers as the stack's gunicorn has (its master's pid in the stack dir)."""
-
-    READY_S = 60.0
-
-    def __init__(self, port: int, stack_dir: Path) -> None:
-        self.port, self.stack_dir, self.proc, self.proxy = port, stack_dir, None, None
-
-    MAX_WORKERS = 9  # each holds a database connection
-
-    def workers(self) -> int:
-        try:
-            count = len(children_of(int((self.stack_dir / "web.pid").read_text())))
-        except (OSError, ValueError):
-            count = 2 * (os.cpu_count() or 1) + 1
-        return min(self.MAX_WORKERS, max(1, count))
-
-    def __enter__(self) -> str:
-        url = f"http://127.0.0.1:{self.port}"
-        probe = peers.LoopbackHttp(url, timeout_s=5)
-        with contextlib.suppress(OSError):
-            probe.request("GET", "/", {}, None)
-            raise SystemExit(f"{url} already answers: the floor needs the port (--floor-port)")
-        env = os.environ | {"DJANGO_SETTINGS_MODULE": "bench.floor_settings"}
-        gunicorn = Path(sys.executable).with_name("gunicorn")
-        bind = f"127.0.0.1:{self.port}"
-        if (self.stack_dir / "proxy.pid").exists():  # the stack runs behind nginx: so does the floor
-            bind = f"unix:{self.stack_dir / 'floor.sock'}"
-            self.proxy = self._proxy(bind)
-        with (self.stack_dir / "floor.log").open("ab") as log:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen(
-                [str(gunicorn), "portal.wsgi", "--bind", bind, "--workers", str(self.workers())],
-                cwd=ROOT, env=env, stdout=log, stderr=log,
-            )  # fmt: skip
-        deadline = time.monotonic() + self.READY_S
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                if probe.request("GET", "/api/v1/jobs/1/", {}, None)[0] == 401 and self.proc.poll() is None:
-                    return url
-            if self.proc.poll() is not None:
-                log = self.stack_dir / "floor.log"
-                raise SystemExit(f"the floor's gunicorn exited with {self.proc.returncode}; see {log}")
-            time.sleep(0.2)
-        self.__exit__()
-        raise SystemExit(f"the floor's gunicorn did not answer on {url} within {self.READY_S:g} s")
-
-    def _proxy(self, upstream: str) -> subprocess.Popen:
-        """nginx from the stack's own config (deploy/nginx/portal.conf) on the floor's port."""
-        folder = self.stack_dir / "floor-proxy"
-        conf = subprocess.run(
-            ["bash", "scripts/stack", "proxy-conf", f"127.0.0.1:{self.port}", upstream, str(folder)],
-            cwd=ROOT, capture_output=True, text=True, check=True, timeout=30,
-        ).stdout  # fmt: skip
-        (folder / "nginx.conf").write_text(conf)
-        if os.getuid() == 0:
-            subprocess.run(["chown", "-R", "www-data", str(folder / "proxy-tmp")], check=True, timeout=30)
-        return subprocess.Popen(
-            ["nginx", "-c", str(folder / "nginx.conf"), "-g", "daemon off;"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-
-    def __exit__(self, *_) -> None:
-        for proc in (self.proc, self.proxy):
-            if proc is None:
-                continue
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def main() -> None:
