@@ -17,19 +17,27 @@ the median over the rounds of each round's P50.
 Kinds: `get` GET /api/v1/jobs/{id}/, `page` GET /api/v1/jobs/?tenant=…&state=COMPLETED&page_size=50
 (a full page: on the seeded site a tenant's waiting and running jobs are few or none, so that
 bench/load.py's filters answer mostly empty pages),
-`me` GET /api/v1/me/, and on the portal only `submit` POST /api/v1/jobs/ (each submitted job is
-cancelled when the child ends; the child's broker is its own Redis database, flushed at the end,
+`me` GET /api/v1/me/, and `submit` POST /api/v1/jobs/ (the floor's does the writes that
+docs/architecture.md's flow asks of a submission by hand-written SQL, bench/floor_views.py; each
+submitted job is cancelled when the child ends; the child's broker is its own Redis database, flushed at the end,
 so that its messages reach no worker, though the stack's dispatch sweep may still send some of
 the jobs to Slurm). The same users, tenants and jobs in both children.
+
+After the rounds, each child profiles --requests more of each kind (cProfile on thread CPU time)
+and the parent prints each kind's CPU per request by layer: what the frameworks (Django REST
+framework, django-filter, the ORM's query building, Django's request handling), the database
+driver and the portal's own code cost. Where a target fails, this is the profile that says why.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import io
 import json
 import os
+import pstats
 import random
 import statistics
 import subprocess
@@ -128,8 +136,8 @@ def _environ(method: str, path: str, token: str, body: dict | None) -> dict:
 
 def child(side: str, site_path: str, requests: int) -> int:
     """One web process: answers a round per line read on stdin, one JSON line per round."""
-    if side == "portal":
-        os.environ["REDIS_URL"] = _other_redis_db(os.environ["REDIS_URL"], CHILD_REDIS_DB)
+    # Both sides: _cancel flushes the child's Redis database, never the stack's.
+    os.environ["REDIS_URL"] = _other_redis_db(os.environ["REDIS_URL"], CHILD_REDIS_DB)
     os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings" if side == "portal" else "bench.floor_settings"
     import django
 
@@ -138,7 +146,7 @@ def child(side: str, site_path: str, requests: int) -> int:
 
     app = get_wsgi_application()
     picks = Requests(json.loads(Path(site_path).read_text()))
-    kinds = [k for k in KINDS if side == "portal" or k != "submit"]
+    kinds = list(KINDS)
     submitted: list[int] = []
 
     def answer(kind: str) -> tuple[float, float]:
@@ -160,7 +168,10 @@ def child(side: str, site_path: str, requests: int) -> int:
             answer(kind)
     print(json.dumps({"ready": side}), flush=True)
     try:
-        for _line in sys.stdin:
+        for line in sys.stdin:
+            if line.strip() == "profile":
+                print(json.dumps({kind: _profiled(answer, kind, requests) for kind in kinds}), flush=True)
+                continue
             out = {}
             for kind in kinds:
                 timed = [answer(kind) for _ in range(requests)]
@@ -173,6 +184,55 @@ def child(side: str, site_path: str, requests: int) -> int:
         if submitted:
             _cancel(submitted)
     return 0
+
+
+# Layers by where a function lives, the first match of its file's path: (layer, path part).
+LAYERS = (
+    ("Django REST framework", "/rest_framework/"),
+    ("django-filter", "/django_filters/"),
+    ("the ORM (queries built, rows made)", "/django/db/models/"),
+    ("the database driver", "/psycopg"),
+    ("the database driver", "/django/db/backends/"),
+    ("Django (request, middleware, answer)", "/django/"),
+    ("the portal's own code", str(ROOT)),
+)
+
+
+def _layer(filename: str) -> str | None:
+    """The layer of a function's file; None for Python's own and C built-ins (getattr, dict
+    methods, a driver's C parts), whose time goes to the layers that call them."""
+    if "site-packages" not in filename and not filename.startswith(str(ROOT)):
+        return None
+    for layer, part in LAYERS:
+        if part in filename and (part != str(ROOT) or "site-packages" not in filename):
+            return layer
+    return "other libraries (redis, axes, whitenoise, orjson, …)"
+
+
+def _profiled(answer, kind: str, requests: int) -> dict[str, float]:
+    """CPU ms per request of the kind by layer: each function's own time (cProfile's tottime,
+    on the thread's CPU clock) summed by the layer its file is in. A built-in's time is shared
+    among its callers' layers by what each caller's calls of it took."""
+    profile = cProfile.Profile(time.thread_time)
+    profile.enable()
+    for _ in range(requests):
+        answer(kind)
+    profile.disable()
+    layers: dict[str, float] = {}
+
+    def add(layer: str | None, seconds: float) -> None:
+        layer = layer or "Python's own (called from Python's own)"
+        layers[layer] = layers.get(layer, 0.0) + seconds * 1000 / requests
+
+    for (filename, _, _), (_, _, tottime, _, callers) in pstats.Stats(profile).stats.items():
+        layer = _layer(filename)
+        if layer is not None or not callers:
+            add(layer, tottime)
+            continue
+        by_caller = sum(caller[2] for caller in callers.values()) or 1.0
+        for (caller_file, _, _), caller in callers.items():
+            add(_layer(caller_file), tottime * caller[2] / by_caller)
+    return layers
 
 
 def _other_redis_db(url: str, db: int) -> str:
@@ -242,12 +302,18 @@ def main() -> int:
                 if not line:
                     raise SystemExit(f"the {side} child ended in round {index + 1} (its error is above)")
                 rounds[side].append(json.loads(line))
+        profiles = {}
+        for side, proc in procs.items():
+            proc.stdin.write("profile\n")
+            proc.stdin.flush()
+            profiles[side] = json.loads(proc.stdout.readline())
     finally:
         for proc in procs.values():
             proc.stdin.close()
         for proc in procs.values():
             proc.wait(timeout=600)
     figures = summarise(rounds)
+    figures["profiles"] = profiles
     print_figures(figures, args)
     if args.json:
         Path(args.json).write_text(json.dumps({"rounds": rounds, "figures": figures}, indent=1))
@@ -268,6 +334,9 @@ def summarise(rounds: dict[str, list[dict]]) -> dict:
     ratios = {k: out[f"portal {k}"]["cpu_ms"] / out[f"floor {k}"]["cpu_ms"] for k in ("get", "page", "me")}
     ratios["submit"] = out["portal submit"]["cpu_ms"] / out["portal get"]["cpu_ms"]
     out["ratios"] = ratios
+    # What the design's writes cost at the least: the floor's own submission against its get.
+    out["floor submit ÷ floor get"] = out["floor submit"]["cpu_ms"] / out["floor get"]["cpu_ms"]
+    out["portal submit ÷ floor submit"] = out["portal submit"]["cpu_ms"] / out["floor submit"]["cpu_ms"]
     return out
 
 
@@ -287,6 +356,25 @@ def print_figures(figures: dict, args) -> None:
         ratio = figures["ratios"][kind]
         what = "portal submit ÷ portal get" if kind == "submit" else f"portal {kind} ÷ floor {kind}"
         print(f"  {what:<30} {ratio:5.2f} ×  (≤ {bound} ×)  {'PASS' if ratio <= bound else 'FAIL'}")
+    print("For the submission's target, the floor's own (what the flow's writes cost at the least):")
+    for what in ("floor submit ÷ floor get", "portal submit ÷ floor submit"):
+        print(f"  {what:<30} {figures[what]:5.2f} ×")
+    print_profiles(figures["profiles"], args.requests)
+
+
+def print_profiles(profiles: dict, requests: int) -> None:
+    """CPU ms per request by layer, portal beside floor (the profiler's own cost included)."""
+    print(f"\nWhere the CPU goes, by layer (cProfile of {requests} requests per kind, ms per request,")
+    print("portal / floor; the profiler adds its own cost to both):")
+    layers = sorted({layer for side in profiles.values() for kind in side.values() for layer in kind})
+    for kind in KINDS:
+        portal, floor = profiles["portal"][kind], profiles["floor"][kind]
+        total = f"{sum(portal.values()):.2f} / {sum(floor.values()):.2f}"
+        print(f"  {kind}: {total} in all")
+        for layer in sorted(layers, key=lambda name: -portal.get(name, 0.0)):
+            mine, theirs = portal.get(layer, 0.0), floor.get(layer, 0.0)
+            if mine >= 0.005 or theirs >= 0.005:
+                print(f"    {layer:<52} {mine:6.2f} / {theirs:6.2f}")
 
 
 if __name__ == "__main__":

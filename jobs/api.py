@@ -16,7 +16,6 @@ from jobs.selectors import (
     job_answer_row_visible_to,
     job_answer_rows_visible_to,
     job_answers_visible_to,
-    job_is_own_or_managed,
     jobs_visible_to,
     usage_of,
 )
@@ -59,10 +58,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def retrieve(self, request, pk=None):
         """The job; its script and environment only for its submitter, owners and managers, since
         an environment often carries a credential the tenant's viewers should not read."""
-        row = job_answer_row_visible_to(user=request.user, pk=int(pk))
-        if row is None:
+        found = job_answer_row_visible_to(user=request.user, pk=int(pk))
+        if found is None:
             raise NotFound
-        detailed = job_is_own_or_managed(user=request.user, job=row)
+        row, detailed = found
         return Response((JobDetailOut if detailed else JobOut)(row).data)
 
     @extend_schema(

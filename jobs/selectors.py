@@ -1,7 +1,7 @@
 from datetime import date
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Count, F, Q, QuerySet, Sum
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
 from clusters.models import Cluster
@@ -9,7 +9,7 @@ from jobs.models import Job, JobEvent, JobState
 from jobs.states import ACTIVE_IN_SCHEDULER
 from portal.core.compiled import CompiledQuery
 from tenants import roles
-from tenants.models import Tenant
+from tenants.models import Tenant, TenantUserPermission
 from tenants.selectors import tenant_id_list_visible_to, tenant_ids_visible_to, tenant_perms
 
 
@@ -77,10 +77,51 @@ _JOB_ROW_BY_ID = CompiledQuery(
 )
 
 
-def job_answer_row_visible_to(*, user: AbstractBaseUser, pk: int) -> dict | None:
+def _holds(user_id: int, codename: str) -> Exists:
+    """Whether the user holds the permission on the job's tenant (a subquery of the job's row)."""
+    return Exists(
+        TenantUserPermission.objects.filter(
+            user_id=user_id,
+            content_object_id=OuterRef("tenant_id"),
+            permission__codename=codename,
+            permission__content_type__app_label="tenants",
+        )
+    )
+
+
+# The same row for a caller who is not staff, with the caller's rights on the job's tenant read
+# in the same query: whether it may view, cancel any job, submit. Reading the caller's whole
+# permission map first was a second query, a tenth of the answer's cost in the web process.
+RIGHTS = ("may_view", "may_cancel_any", "may_submit")
+_JOB_ROW_WITH_RIGHTS = CompiledQuery(
+    lambda pk, viewer, canceller, submitter: (
+        Job.objects.filter(pk=pk)
+        .annotate(
+            may_view=_holds(viewer, roles.VIEW),
+            may_cancel_any=_holds(canceller, roles.CANCEL_ANY_JOB),
+            may_submit=_holds(submitter, roles.SUBMIT_JOB),
+        )
+        .values_list(*JOB_ROW_FIELDS, *RIGHTS)
+    ),
+    7_300_000_000_000_000_002,
+    -7_300_002,
+    -7_300_003,
+    -7_300_004,
+)
+
+
+def job_answer_row_visible_to(*, user: AbstractBaseUser, pk: int) -> tuple[dict, bool] | None:
     """The job as a row of JOB_ROW_FIELDS if the caller may see it (a tenant of
-    tenant_id_list_visible_to), else None: one query by the primary key, and the caller's
-    tenants from the request's permission map."""
+    tenant_id_list_visible_to), and whether the caller may see its detail (job_is_own_or_managed);
+    else None. For a caller who is not staff, one query; for staff, whose rights come from
+    their roles too, the row by its id and their rights as tenant_perms reads them."""
+    if not user.is_staff:
+        rows = _JOB_ROW_WITH_RIGHTS.rows(pk, user.pk, user.pk, user.pk) if user.is_active else []
+        if not rows or not rows[0][-3]:
+            return None
+        row = dict(zip(JOB_ROW_FIELDS, rows[0], strict=False))
+        _, may_cancel_any, may_submit = rows[0][-3:]
+        return row, may_cancel_any or (row["submitted_by_id"] == user.pk and may_submit)
     rows = _JOB_ROW_BY_ID.rows(pk)
     if not rows:
         return None
@@ -89,7 +130,8 @@ def job_answer_row_visible_to(*, user: AbstractBaseUser, pk: int) -> dict | None
     # Not a list: staff who see every tenant (the subquery of them all).
     if isinstance(visible, list) and row["tenant_id"] not in visible:
         return None
-    return row
+    perms = tenant_perms(user=user, tenant=Tenant(pk=row["tenant_id"]))
+    return row, _own_or_managed(perms, row["submitted_by_id"] == user.pk)
 
 
 def job_answer_rows_visible_to(*, user: AbstractBaseUser) -> QuerySet[dict]:
@@ -121,16 +163,15 @@ def job_may_cancel(*, user: AbstractBaseUser, job: Job) -> bool:
     return job_is_own_or_managed(user=user, job=job) or user.has_perm("jobs.change_job")
 
 
-def job_is_own_or_managed(*, user: AbstractBaseUser, job: Job | dict) -> bool:
+def job_is_own_or_managed(*, user: AbstractBaseUser, job: Job) -> bool:
     """May the user act on this job as more than a reader: cancel it, see its script and env?
-    Its submitter (while still allowed to submit), the tenant's owners and managers, admins.
-    The job, or its row (job_answer_row_visible_to)."""
-    if isinstance(job, dict):
-        tenant, submitted_by_id = Tenant(pk=job["tenant_id"]), job["submitted_by_id"]
-    else:
-        tenant, submitted_by_id = job.tenant, job.submitted_by_id
-    perms = tenant_perms(user=user, tenant=tenant)
-    return roles.CANCEL_ANY_JOB in perms or (submitted_by_id == user.pk and roles.SUBMIT_JOB in perms)
+    Its submitter (while still allowed to submit), the tenant's owners and managers, admins."""
+    perms = tenant_perms(user=user, tenant=job.tenant)
+    return _own_or_managed(perms, job.submitted_by_id == user.pk)
+
+
+def _own_or_managed(perms: frozenset[str], own: bool) -> bool:
+    return roles.CANCEL_ANY_JOB in perms or (own and roles.SUBMIT_JOB in perms)
 
 
 USAGE_KEYS = {

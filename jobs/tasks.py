@@ -39,7 +39,8 @@ def dispatch_job(*, job_id: int) -> int:
     max_retries=5,
 )
 def admit_partition(*, partition_id: int) -> int:
-    """Admission on a partition that a submission or an end found busy (services.jobs_admit_soon)."""
+    """Admission on a partition after submissions (services.jobs_admit_later), or after an end
+    that found it busy."""
     return len(jobs_admit_marked(partition_id=partition_id))
 
 

@@ -9,8 +9,9 @@ from django.utils import timezone
 
 from clusters.models import Cluster
 from jobs.models import Job
-from jobs.services import JobRequest, job_submit, jobs_poll
+from jobs.services import JobRequest, jobs_poll
 from tenants.models import QuotaGrant
+from tests.jobs_support import submit_admitted
 
 LONG = "#!/bin/bash\nsleep 300\n"
 
@@ -21,7 +22,7 @@ def submit(user, tenant, catalog, *, gpus: int = 2, script: str = LONG) -> Job:
         tenant=tenant, scenario=scenario, gpu_model=gpu_model, gpus=gpus, walltime_minutes=30, name="cleanup",
         script=script, cluster=Cluster.objects.get(slug="cleanup-local"),
     )  # fmt: skip
-    return job_submit(user=user, request=request)[0]
+    return submit_admitted(user, request)
 
 
 def wait_for(jobs: list[Job], until: set[str], timeout_s: float = 60) -> None:

@@ -13,11 +13,12 @@ from clusters.backends.base import JobSpec
 from clusters.backends.slurm import SlurmBackend
 from clusters.models import Cluster
 from clusters.services import cluster_config
-from jobs.services import JobRequest, job_submit
+from jobs.services import JobRequest
 from tenants.limits import tenant_apply
 from tenants.models import Role, Tenant
 from tests.conftest import join
 from tests.factories import QuotaGrantFactory, catalog_pair
+from tests.jobs_support import submit_admitted
 from tests.testbed.env import testbed_env, testbed_identity
 from tests.wait_support import wait_until
 
@@ -103,8 +104,9 @@ class SlurmTenant:
         self.backend = SlurmBackend(cluster_config(self.cluster))
 
     def submit(self, count: int = 1) -> list[int]:
-        """Jobs through job_submit, each committed on its own: dispatch is enqueued on commit."""
-        return [job_submit(user=self.user, request=self.request)[0].pk for _ in range(count)]
+        """Jobs through job_submit, each committed on its own and then admitted as the admit task
+        would: dispatch is enqueued on the admission's commit."""
+        return [submit_admitted(self.user, self.request).pk for _ in range(count)]
 
     def slurm_jobs(self) -> dict[str, set[str]]:
         """Slurm job ids per token under the tenant's account: squeue -t all (jobs of the last

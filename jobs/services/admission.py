@@ -150,16 +150,15 @@ def job_unadmit_if_held(job: Job) -> bool:
     return True
 
 
-def _admit(partition: Partition, new: Job | None = None) -> list[int]:
+def _admit(partition: Partition) -> list[int]:
     """Give free GPUs to waiting jobs in admission order; the caller holds the partition lock.
 
     A job held back by its own tenant (a full grant, a suspended tenant, an ended grant) is
     skipped; the first that waits for the partition's capacity stops the line. With no GPU
-    free nobody can start, and only the jobs that have no reason yet (just submitted) get one:
-    `new` alone when given (a submission's own job, which then holds what the pass decided)."""
+    free nobody can start, and only the jobs that have no reason yet (just submitted) get one."""
     free = partition.gpus_total - gpus_held_on(partition.pk)
     if free <= 0:
-        _mark_waiting(partition, new)
+        _mark_waiting(partition)
         return []
     waiting = waiting_on(partition.pk)
     # Every grant this pass may touch, locked in one statement in id order: two admissions on
@@ -195,22 +194,13 @@ def _admit(partition: Partition, new: Job | None = None) -> list[int]:
             )
     for job_id in admitted:
         send_after_commit("jobs.tasks.dispatch_job", job_id=job_id)
-    if new is not None and (decided := next((job for job in waiting if job.pk == new.pk), None)):
-        new.holds_gpus, new.reason = decided.holds_gpus, decided.reason
     return admitted
 
 
-def _mark_waiting(partition: Partition, new: Job | None) -> None:
+def _mark_waiting(partition: Partition) -> None:
     """The reasons _admit would give, with no GPU free, to the waiting jobs that have none:
-    held back by their tenant, quota_wait on a full grant, else capacity_wait. For a
-    submission's own job, one UPDATE from the tenant and grant the submission read."""
+    held back by their tenant, quota_wait on a full grant, else capacity_wait."""
     today = timezone.localdate()
-    if new is not None:
-        new.reason = _waiting_reason(new, today)
-        Job.objects.filter(pk=new.pk, state=JobState.QUEUED, holds_gpus=False, reason="").update(
-            reason=new.reason
-        )
-        return
     jobs = list(
         Job.objects.select_for_update(of=("self",))
         .filter(partition_id=partition.pk, state=JobState.QUEUED, holds_gpus=False, reason="")
@@ -241,13 +231,10 @@ def jobs_admit(*, partition_id: int) -> list[int]:
 ADMIT_PENDING_S = 30
 
 
-def jobs_admit_soon(*, partition_id: int, job: Job | None = None) -> None:
-    """Admission on the partition after a submission or an end: here and now when nobody else
-    holds the partition (a submission's `job` then holds its outcome), else (another submission
-    or end is admitting there) by the admit task, which waits for the lock and then sees what
-    changed. One such task at a time per partition: the first to find the partition busy sends
-    it, and the task clears the mark as it starts. A mark whose task was lost runs out after
-    ADMIT_PENDING_S; the sweep admits meanwhile."""
+def jobs_admit_soon(*, partition_id: int) -> None:
+    """Admission on the partition after an end: here and now when nobody else holds the
+    partition, else (another end or the admit task is admitting there) by the admit task,
+    which waits for the lock and then sees what changed."""
     with transaction.atomic():
         partition = (
             Partition.objects.select_for_update(no_key=True, of=("self",), skip_locked=True)
@@ -256,8 +243,18 @@ def jobs_admit_soon(*, partition_id: int, job: Job | None = None) -> None:
             .first()
         )
         if partition is not None:
-            _admit(partition, new=job)
+            _admit(partition)
             return
+    jobs_admit_later(partition_id=partition_id)
+
+
+def jobs_admit_later(*, partition_id: int) -> None:
+    """Admission on the partition by the admit task, after the caller's commit: what a
+    submission asks for. One such task at a time per partition: the first caller to find no
+    mark sends it, and the task clears the mark as it starts, so that the submissions of a
+    burst share one pass (a pass in every submission's request was a fifth of its cost, and
+    they queued on the partition's lock). A mark whose task was lost runs out after
+    ADMIT_PENDING_S; the dispatch sweep admits meanwhile."""
     try:
         first = cache.add(admit_mark(partition_id), 1, ADMIT_PENDING_S)
     except Exception as exc:  # the cache's own errors (Redis down) differ by backend

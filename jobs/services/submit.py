@@ -12,14 +12,13 @@ from decimal import ROUND_CEILING, Decimal
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from clusters.models import Cluster, GpuModel, JobIdentity, Partition, Scenario
 from jobs.job_templates import TemplateInvalid, render_template
 from jobs.models import MAX_PRIORITY, Job, JobEvent, JobState, default_priority, priority_above_cap
-from jobs.services.admission import gpus_held_on, jobs_admit_soon
-from jobs.services.common import log, send_after_commit
+from jobs.services.admission import gpus_held_on, jobs_admit_later
 from portal.core.compiled import CompiledQuery
 from portal.core.errors import Conflict, Invalid
 from portal.core.services import audit_record
@@ -295,10 +294,9 @@ def _earlier(user: AbstractBaseUser, idempotency: _Idempotency) -> Job | None:
 def job_submit(
     *, user: AbstractBaseUser, request: JobRequest, idempotency_key: str = "", body: dict | None = None
 ) -> tuple[Job, bool]:
-    """A QUEUED job with GPUs × walltime reserved on the tenant's grant, then admission on its
-    partition: at once when its GPUs are free (dispatch follows) or left waiting with reason
-    quota_wait or capacity_wait. Should another submission or end be admitting on the partition
-    at that moment, the admit task does it right after (jobs_admit_soon). Returns (job,
+    """A QUEUED job with GPUs × walltime reserved on the tenant's grant; admission on its
+    partition follows in the admit task (jobs_admit_later), which gives it its GPUs (dispatch
+    follows) or a reason to wait, quota_wait or capacity_wait. Returns (job,
     created): a repeated Idempotency-Key returns the first job, given the same request body
     (the body as the client sent it: its fingerprint is what a repeat must match)."""
     idempotency = _idempotency(idempotency_key, body)
@@ -313,13 +311,7 @@ def job_submit(
         if earlier is None:
             raise
         return earlier, False
-    try:
-        jobs_admit_soon(partition_id=job.partition_id, job=job)
-    except DatabaseError as exc:  # the job is stored: its answer must not be a 500 a client retries
-        log.warning(
-            "admission after job %s failed, left to the admit task: %s", job.pk, exc.__class__.__name__
-        )
-        send_after_commit("jobs.tasks.admit_partition", partition_id=job.partition_id)
+    jobs_admit_later(partition_id=job.partition_id)
     return job, True
 
 

@@ -27,12 +27,13 @@ from clusters.breaker import REASON_UNAVAILABLE, breaker_state, cluster_slot
 from clusters.models import Cluster, Partition
 from clusters.services import backend_of, cluster_available, cluster_config, cluster_mark_health
 from jobs.models import Job, JobEvent, JobState
-from jobs.services import JobRequest, job_submit
+from jobs.services import JobRequest
 from jobs.tasks import poll_clusters, sweep_jobs
 from portal.celery import app
 from tests.conftest import stop
 from tests.factories import ClusterFactory, PartitionFactory, QuotaGrantFactory
 from tests.faults_support import SilentPeer, start_worker
+from tests.jobs_support import submit_admitted
 from tests.wait_support import wait_until
 
 PERIOD_S = 10  # the poll period of this test's beat: JOB_POLL_INTERVAL_S's default
@@ -70,8 +71,9 @@ def _partition(cluster: Cluster, gpu_model, *, gpus: int) -> Partition:
 
 
 def _submit(user, request: JobRequest, count: int) -> list[int]:
-    """Through job_submit, each committed on its own: its dispatch message goes on commit."""
-    return [job_submit(user=user, request=request)[0].pk for _ in range(count)]
+    """Through job_submit, each committed on its own and admitted as the admit task would: its
+    dispatch message goes on the admission's commit."""
+    return [submit_admitted(user, request).pk for _ in range(count)]
 
 
 def _latency_s(job_ids: list[int], to_state: str, since=None) -> list[float]:

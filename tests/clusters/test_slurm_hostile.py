@@ -15,11 +15,12 @@ import pytest
 from clusters.backends.base import JobRef
 from clusters.services import backend_of
 from jobs.models import Job
-from jobs.services import JobRequest, job_log_tail, job_submit, jobs_dispatch, orphans_find
+from jobs.services import JobRequest, job_log_tail, jobs_dispatch, orphans_find
 from tenants.limits import tenant_apply
 from tenants.models import Role, Tenant
 from tests.conftest import join
 from tests.factories import QuotaGrantFactory
+from tests.jobs_support import submit_admitted
 from tests.testbed.env import testbed_env
 from tests.wait_support import wait_until
 
@@ -103,7 +104,7 @@ def submitted(testbed, catalog, tenant, user, script: str) -> Job:
         tenant=tenant, scenario=catalog[0], gpu_model=catalog[1], gpus=1, walltime_minutes=3, name="job",
         script=script, cluster=testbed, partition="h100",
     )  # fmt: skip
-    job = job_submit(user=user, request=request)[0]
+    job = submit_admitted(user, request)
     jobs_dispatch(job_id=job.pk, batch=1)
     job.refresh_from_db()
     assert job.backend_id.isdigit(), (job.state, job.reason)

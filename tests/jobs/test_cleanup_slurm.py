@@ -27,6 +27,7 @@ from tenants.limits import tenant_apply
 from tenants.models import QuotaGrant, Role, Tenant
 from tests.conftest import join
 from tests.factories import QuotaGrantFactory
+from tests.jobs_support import submit_admitted
 from tests.slurm_support import POLL_S
 from tests.wait_support import wait_until
 
@@ -70,7 +71,7 @@ def test_an_sbatch_with_a_portal_token_the_portal_does_not_know_is_reported_and_
         tenant=tenant, scenario=catalog[0], gpu_model=catalog[1], gpus=1, walltime_minutes=5, name="known",
         script="#!/bin/bash\nsleep 300\n", cluster=testbed,
     )  # fmt: skip
-    known = job_submit(user=user, request=request)[0]
+    known = submit_admitted(user, request)
     jobs_dispatch(job_id=known.pk, batch=1)
     known.refresh_from_db()
     token = uuid.uuid4().hex

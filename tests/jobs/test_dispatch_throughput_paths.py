@@ -20,10 +20,11 @@ from clusters.backends.base import BackendError, BackendUnavailable, JobRef
 from clusters.backends.slurm import SlurmBackend, ssh
 from clusters.models import Partition
 from jobs.models import Job, JobEvent, JobState
-from jobs.services import job_cancel, job_submit, jobs_poll, spec_of
+from jobs.services import job_cancel, jobs_poll, spec_of
 from jobs.services.dispatch import jobs_claim, jobs_dispatch, jobs_submit_claimed
 from tenants.models import QuotaGrant, Tenant
 from tests.factories import QuotaGrantFactory
+from tests.jobs_support import submit_admitted
 from tests.slurm_support import job_spec, remove_local, slurm_tenant, wait_for_end
 from tests.testbed.env import registered_testbed, testbed_identity
 from tests.testbed.env import testbed_config as make_config
@@ -189,7 +190,7 @@ def test_a_batch_adopts_a_job_submitted_before_a_crash_rejects_a_refused_one_and
     )  # fmt: skip
     try:
         crashed, fresh = bed.submit(2)
-        refused = job_submit(user=bed.user, request=replace(bed.request, tenant=stranger))[0].pk
+        refused = submit_admitted(bed.user, replace(bed.request, tenant=stranger)).pk
         # The crash: claimed and submitted, and the dispatcher died before it saved the id.
         [job] = jobs_claim(crashed, cluster_id=cluster.pk, limit=1)
         [submitted] = bed.backend.submit_many([spec_of(job)])

@@ -11,7 +11,8 @@ from django.utils import timezone
 
 from clusters.selectors import catalog_names_forget
 from jobs.models import JobState
-from tenants.models import Role
+from tenants.models import Membership, Role
+from tenants.services import membership_change_role
 from tests.conftest import join
 from tests.jobs_support import api_submit
 
@@ -159,3 +160,29 @@ def test_templates_with_an_empty_scenario_are_all_templates(client_for, member):
     client = client_for(member)
     every = client.get("/api/v1/templates/").json()["results"]
     assert every and client.get("/api/v1/templates/?scenario=").json()["results"] == every
+
+
+@pytest.mark.parametrize(
+    ("role", "detailed"),
+    [(Role.OWNER, True), (Role.MANAGER, True), (Role.MEMBER, False), (Role.VIEWER, False)],
+)
+def test_the_detail_is_for_the_submitter_owners_and_managers(
+    client_for, member, tenant, local_partition, grant, role, detailed
+):
+    """Another person of the tenant reads the job; its script only as an owner or manager. The
+    job's row and the reader's rights come from one query (jobs.selectors)."""
+    job_id = api_submit(client_for(member))["id"]
+    reader = join(tenant, f"reader-{role}", role)
+    seen = client_for(reader).get(f"/api/v1/jobs/{job_id}/")
+    assert seen.status_code == 200 and ("script" in seen.json()) is detailed
+
+
+def test_a_submitter_who_may_no_longer_submit_reads_no_detail(
+    client_for, member, owner, tenant, local_partition, grant
+):
+    job_id = api_submit(client_for(member))["id"]
+    membership_change_role(
+        actor=owner, membership=Membership.objects.get(tenant=tenant, user=member), role=Role.VIEWER
+    )
+    seen = client_for(member).get(f"/api/v1/jobs/{job_id}/")
+    assert seen.status_code == 200 and "script" not in seen.json()

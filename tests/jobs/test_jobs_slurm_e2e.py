@@ -15,6 +15,7 @@ from clusters.backends.base import ClusterConfig
 from clusters.backends.slurm import SlurmBackend
 from clusters.services import cluster_config
 from jobs.models import Job
+from jobs.services.admission import jobs_admit_marked
 from jobs.tasks import sweep_jobs
 from portal.celery import app
 from tenants.limits import tenant_apply
@@ -129,7 +130,8 @@ def test_a_worker_killed_between_sbatch_and_saving_the_id_leaves_one_slurm_job(
     tenant, user = slurm_tenant
     client = client_for(user)
     app.control.purge()
-    job = submit(client, tenant, script="#!/bin/bash\nsleep 20\n")  # no worker yet: dispatch waits in Redis
+    job = submit(client, tenant, script="#!/bin/bash\nsleep 20\n")  # no worker yet
+    jobs_admit_marked(partition_id=Job.objects.get(pk=job["id"]).partition_id)  # dispatch waits in Redis
     env = os.environ | {"DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": database_url_of_test_db()}
     crash = subprocess.run(
         [sys.executable, "-c", CRASH_AFTER_SBATCH.format(job_id=job["id"])],

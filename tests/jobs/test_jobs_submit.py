@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from jobs.models import Job, JobEvent, JobState
 from jobs.services import job_claim, jobs_admit
-from jobs.services.admission import admission_order
+from jobs.services.admission import admission_order, jobs_admit_marked
 from portal.core.models import AuditEvent
 from tenants.models import QuotaGrant, Role, Tenant
 from tests.conftest import join
@@ -32,12 +32,24 @@ def body(**overrides) -> dict:
     } | overrides  # fmt: skip
 
 
+def submitted_and_admitted(client, **fields) -> dict:
+    """POST a job, then the admission pass that the admit task it sent runs: the job's answer."""
+    response = client.post("/api/v1/jobs/", body(**fields), format="json")
+    assert response.status_code == 201, response.content
+    job = response.json()
+    jobs_admit_marked(partition_id=Job.objects.get(pk=job["id"]).partition_id)
+    return client.get(f"/api/v1/jobs/{job['id']}/").json()
+
+
 def test_submit_reserves_gpus_times_walltime_and_is_admitted(client_for, member, partition, grant):
     response = client_for(member).post("/api/v1/jobs/", body(env={"MY_VAR": "x"}), format="json")
     assert response.status_code == 201, response.content
     job = response.json()
     assert job["state"] == "QUEUED" and job["reason"] == ""
     assert (job["cluster"], job["partition"], job["gpu_hours_reserved"]) == ("local", "local", 2.0)
+    grant.refresh_from_db()
+    assert (grant.gpu_hours_reserved, grant.gpus_in_use) == (Decimal(2), 0)  # admission is the task's
+    assert jobs_admit_marked(partition_id=partition.pk) == [int(job["id"])]
     grant.refresh_from_db()
     assert (grant.gpu_hours_reserved, grant.gpus_in_use) == (Decimal(2), 2)
     stored = Job.objects.get(pk=job["id"])
@@ -71,8 +83,8 @@ def test_concurrent_limit_full_leaves_the_job_queued_with_quota_wait(
 ):
     QuotaGrantFactory(tenant=tenant, gpus=2)
     client = client_for(member)
-    assert client.post("/api/v1/jobs/", body(), format="json").json()["reason"] == ""
-    second = client.post("/api/v1/jobs/", body(name="train-2"), format="json").json()
+    assert submitted_and_admitted(client)["reason"] == ""
+    second = submitted_and_admitted(client, name="train-2")
     assert (second["state"], second["reason"]) == ("QUEUED", "quota_wait")
 
 
@@ -190,9 +202,9 @@ def test_a_job_waiting_for_capacity_is_not_passed_by_a_smaller_one(
 ):
     QuotaGrantFactory(tenant=tenant, gpus=16, gpu_hours=1000)
     client = client_for(member)
-    assert client.post("/api/v1/jobs/", body(gpus=6), format="json").json()["reason"] == ""
-    big = client.post("/api/v1/jobs/", body(gpus=4, name="big"), format="json").json()
-    small = client.post("/api/v1/jobs/", body(gpus=1, name="small"), format="json").json()
+    assert submitted_and_admitted(client, gpus=6)["reason"] == ""
+    big = submitted_and_admitted(client, gpus=4, name="big")
+    small = submitted_and_admitted(client, gpus=1, name="small")
     assert big["reason"] == "capacity_wait"
     assert small["reason"] == "capacity_wait"
     assert jobs_admit(partition_id=partition.pk) == []
@@ -252,11 +264,9 @@ def test_a_job_held_by_its_own_quota_does_not_stall_other_tenants(
     QuotaGrantFactory(tenant=other, gpus=8)
     other_member = join(other, "other-member", Role.MEMBER)
     client = client_for(member)
-    assert client.post("/api/v1/jobs/", body(gpus=4), format="json").json()["reason"] == ""
-    assert client.post("/api/v1/jobs/", body(gpus=4), format="json").json()["reason"] == "quota_wait"
-    theirs = (
-        client_for(other_member).post("/api/v1/jobs/", body(tenant="other", gpus=2), format="json").json()
-    )
+    assert submitted_and_admitted(client, gpus=4)["reason"] == ""
+    assert submitted_and_admitted(client, gpus=4)["reason"] == "quota_wait"
+    theirs = submitted_and_admitted(client_for(other_member), tenant="other", gpus=2)
     assert theirs["reason"] == ""  # 4 of 8 GPUs are free, and this tenant has quota
 
 

@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 
 from bench.seeding.timelines import FAKE_BACKEND_ID_BASE
 from clusters.models import GpuModel
+from jobs.services.admission import jobs_admit_marked
 from jobs.states import END_STATES, check_move
 from tenants.models import Tenant
 from tests.factories import ClusterFactory, PartitionFactory, TenantFactory, catalog_pair
@@ -156,7 +157,7 @@ def test_another_tenant_s_job_answers_404(site, admin_user, client_for):
     assert client.get(f"/api/v1/jobs/{other['id']}/events/").status_code == 404
 
 
-def test_a_job_on_the_bench_target_is_admitted_at_once(site):
+def test_a_job_on_the_bench_target_is_admitted_by_the_first_pass(site):
     user, slug = next(
         (u, t["slug"]) for u in site["users"] for t in u["tenants"] if t["role"] in SUBMIT_ROLES
     )
@@ -169,6 +170,8 @@ def test_a_job_on_the_bench_target_is_admitted_at_once(site):
     response = api(user["token"]).post("/api/v1/jobs/", body, format="json")
     assert response.status_code == 201, response.content
     job = Tenant.objects.get(slug=slug).jobs.get(pk=response.json()["id"])
+    assert jobs_admit_marked(partition_id=job.partition_id) == [job.pk]  # what the admit task runs
+    job.refresh_from_db()
     assert (job.state, job.holds_gpus, job.reason) == ("QUEUED", True, "")  # admitted: GPUs taken
     assert str(job.grant_id) == target["grant"]
 
