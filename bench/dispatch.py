@@ -73,13 +73,16 @@ class Bench:
         return backend_of(self.cluster)
 
     def submit(self, count: int, *, report_every: int = 1000) -> list[int]:
-        """`count` jobs through job_submit, each its own transaction (dispatch goes on commit)."""
+        """`count` jobs through job_submit, each its own transaction, and each admitted by the
+        pass its admit task runs (dispatch goes on that pass's commit)."""
         from jobs.models import JobState
-        from jobs.services import job_submit
+        from jobs.services import job_submit, jobs_admit
 
         ids, started = [], time.monotonic()
         for number in range(1, count + 1):
             job, _created = job_submit(user=self.user, request=self.request)
+            jobs_admit(partition_id=job.partition_id)
+            job.refresh_from_db()
             if job.state != JobState.QUEUED or not job.holds_gpus:
                 raise SystemExit(f"job {job.pk} not admitted: {job.state} {job.reason}")
             ids.append(job.pk)
