@@ -1,5 +1,6 @@
 """Jobs, their events and logs, templates and usage (docs/api.md, Jobs)."""
 
+from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
@@ -8,6 +9,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from clusters.selectors import catalog_names
 from jobs import services
 from jobs.filters import JobFilter
 from jobs.job_templates import TEMPLATES
@@ -30,6 +32,7 @@ from jobs.serializers import (
     TemplatePageOut,
     UsageIn,
     UsageOut,
+    job_answer,
 )
 from portal.core.parsing import parsed
 from portal.core.serializers import ID_LOOKUP
@@ -62,7 +65,11 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         if found is None:
             raise NotFound
         row, detailed = found
-        return Response((JobDetailOut if detailed else JobOut)(row).data)
+        # The answer straight from the row (JobOut's own to_representation, without DRF's
+        # serializer instance and its ReturnDict around it).
+        answer = job_answer(row, catalog_names([row]), timezone.get_current_timezone(),
+                            JobDetailOut if detailed else JobOut)  # fmt: skip
+        return Response(answer)
 
     @extend_schema(
         request=JobIn,

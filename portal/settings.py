@@ -405,6 +405,7 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_CLASSES": ["portal.core.throttles.UserThrottle", "portal.core.throttles.AnonThrottle"],
     "DEFAULT_RENDERER_CLASSES": ["portal.core.renderers.JSONRenderer"],  # orjson, DRF's bytes
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "portal.core.renderers.JsonNegotiation",
     "DEFAULT_SCHEMA_CLASS": "portal.core.schema.ProblemAutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "EXCEPTION_HANDLER": "portal.core.errors.problem_exception_handler",

@@ -67,3 +67,33 @@ def test_the_apis_answers_are_drfs_bytes(client_for, member, make_job, settings)
         assert response.content == DrfRenderer().render(response.data)
     missing = api.get("/api/v1/jobs/999999/")
     assert missing.status_code == 404 and missing.content == DrfRenderer().render(missing.data)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("accept", "status", "indented"),
+    [
+        (None, 200, False),
+        ("*/*", 200, False),
+        ("application/json", 200, False),
+        ("application/json, */*", 200, False),
+        ("application/json; indent=2", 200, True),  # DRF's own negotiation: its parameters kept
+        ("text/html", 406, False),
+        ("application/xml", 406, False),
+    ],
+)
+def test_negotiation_answers_as_drfs_would(client_for, member, accept, status, indented):
+    """portal.core.renderers.JsonNegotiation decides the plain Accept headers itself and leaves
+    every other to DRF's: the same status, type and form of body as DRF's negotiation gives."""
+    headers = {} if accept is None else {"HTTP_ACCEPT": accept}
+    response = client_for(member).get("/api/v1/me/", **headers)
+    assert response.status_code == status, response.content
+    assert response["Content-Type"].startswith("application/json" if status == 200 else "application/problem+json")
+    assert (b"\n  " in response.content) is indented
+
+
+@pytest.mark.django_db
+def test_a_format_override_still_goes_through_drfs_negotiation(client_for, member):
+    api = client_for(member)
+    assert api.get("/api/v1/me/?format=json").status_code == 200
+    assert api.get("/api/v1/me/?format=yaml").status_code == 404  # DRF: no renderer of that format
