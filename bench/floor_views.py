@@ -253,13 +253,16 @@ def submit(request) -> HttpResponse:
             grant = cursor.fetchone()
             if grant is None:
                 return _problem(409, "quota_exhausted")
+            # The scenario's env as PostgreSQL wrote it: Django's psycopg setup hands jsonb over as
+            # its text (JSONField decodes it), which goes back into the job's jsonb as it is.
             token = hashlib.sha256(f"{user_id}:{now.timestamp()}:{key}".encode()).hexdigest()[:32]
             values = {
                 "token": token, "tenant_id": tenant_id, "submitted_by_id": user_id, "name": name,
                 "scenario_id": scenario_id, "gpu_model_id": model_id, "grant_id": grant[0],
                 "cluster_id": cluster_id, "partition_id": partition_id, "gpus": gpus, "nodes": 1,
                 "walltime_minutes": minutes, "priority": "normal", "cpus_per_gpu": cpus, "mem_per_gpu_mb": mem,
-                "env": json.dumps(env), "script": script, "template": "", "parameters": "{}",
+                "env": env if isinstance(env, str) else json.dumps(env), "script": script, "template": "",
+                "parameters": "{}",
                 "state": JobState.QUEUED, "reason": "", "raw_state": "", "backend_id": "",
                 "cluster_user": account.format(tenant=slug), "node_list": "", "created": now, "reserved_gpu_hours": hours,
                 "holds_gpus": False, "dispatch_attempts": 0, "idempotency_key": key, "request_digest": digest,
