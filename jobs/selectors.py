@@ -119,7 +119,7 @@ def job_answer_row_visible_to(*, user: AbstractBaseUser, pk: int) -> tuple[dict,
         rows = _JOB_ROW_WITH_RIGHTS.rows(pk, user.pk, user.pk, user.pk) if user.is_active else []
         if not rows or not rows[0][-3]:
             return None
-        row = dict(zip(JOB_ROW_FIELDS, rows[0], strict=False))
+        row = dict(zip(JOB_ROW_FIELDS, rows[0][: len(JOB_ROW_FIELDS)], strict=True))
         _, may_cancel_any, may_submit = rows[0][-3:]
         return row, may_cancel_any or (row["submitted_by_id"] == user.pk and may_submit)
     rows = _JOB_ROW_BY_ID.rows(pk)

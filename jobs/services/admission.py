@@ -27,10 +27,11 @@ from django.db import transaction
 from django.db.models import Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
+from kombu.exceptions import OperationalError
 
 from clusters.models import Partition
 from jobs.models import PRIORITY_ORDER, Job, JobState
-from jobs.services.common import log, send_after_commit
+from jobs.services.common import log, send_after_commit, send_now
 from tenants.models import QuotaGrant, TenantState, Tier
 from tenants.services import grant_settle, grant_take_gpus
 
@@ -249,19 +250,32 @@ def jobs_admit_soon(*, partition_id: int) -> None:
 
 
 def jobs_admit_later(*, partition_id: int) -> None:
-    """Admission on the partition by the admit task, after the caller's commit: what a
-    submission asks for. One such task at a time per partition: the first caller to find no
+    """Admission on the partition by the admit task, once the caller's transaction commits: what
+    a submission asks for. One such task at a time per partition: the first caller to find no
     mark sends it, and the task clears the mark as it starts, so that the submissions of a
     burst share one pass (a pass in every submission's request was a fifth of its cost, and
-    they queued on the partition's lock). A mark whose task was lost runs out after
-    ADMIT_PENDING_S; the dispatch sweep admits meanwhile."""
+    they queued on the partition's lock). The mark is set after the commit, so that a task that
+    clears it has the job to see; a message the broker refused takes its mark away again, so
+    that the next submission sends another. A mark whose task was lost otherwise (a worker
+    killed) runs out after ADMIT_PENDING_S; the dispatch sweep admits meanwhile."""
+    transaction.on_commit(lambda: _send_admit(partition_id))
+
+
+def _send_admit(partition_id: int) -> None:
+    mark = admit_mark(partition_id)
     try:
-        first = cache.add(admit_mark(partition_id), 1, ADMIT_PENDING_S)
+        first = cache.add(mark, 1, ADMIT_PENDING_S)
     except Exception as exc:  # the cache's own errors (Redis down) differ by backend
         log.warning("admit mark unavailable, sending the admit task anyway: %s", exc.__class__.__name__)
         first = True
-    if first:
-        send_after_commit("jobs.tasks.admit_partition", partition_id=partition_id)
+    if not first:
+        return
+    try:
+        send_now("jobs.tasks.admit_partition", partition_id=partition_id)
+    except OperationalError as exc:
+        log.warning("broker unreachable, admission on partition %s left to the sweep: %s", partition_id, exc)
+        with contextlib.suppress(Exception):  # the cache may be down with the broker: it runs out anyway
+            cache.delete(mark)
 
 
 def jobs_admit_marked(*, partition_id: int) -> list[int]:

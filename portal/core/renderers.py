@@ -47,20 +47,22 @@ class JSONRenderer(renderers.JSONRenderer):
 
 
 # The Accept headers that every client of a JSON API sends, answered without DRF's parsing.
-PLAIN_ACCEPTS = frozenset({"", "*/*", "application/json", "application/json, */*"})
+PLAIN_ACCEPTS = frozenset({"*/*", "application/json", "application/json, */*"})
 
 
 class JsonNegotiation(DefaultContentNegotiation):
     """DRF's content negotiation, with its answer for the common case known in advance: a view
-    with one renderer and an Accept header of PLAIN_ACCEPTS, no ?format=. DRF's parses the
-    header and matches it against the renderers on every request, a tenth of what DRF itself
-    cost a job's answer. Anything else (another type, parameters, several renderers) goes
-    through DRF's own, so that 406 and `indent=` stay as DRF answers them."""
+    whose one renderer writes JSON, an Accept header of PLAIN_ACCEPTS (or none), no ?format=.
+    DRF's parses the header and matches it against the renderers on every request, a tenth of
+    what DRF itself cost a job's answer. Anything else (another type, parameters, an empty
+    header, another renderer or several) goes through DRF's own, so that 406 and `indent=` stay
+    as DRF answers them."""
 
     def select_renderer(self, request, renderers, format_suffix=None):
-        accept = request.META.get("HTTP_ACCEPT", "")
+        accept = request.META.get("HTTP_ACCEPT", "*/*")  # none: anything, as DRF reads it
         if (
             len(renderers) == 1
+            and renderers[0].media_type == "application/json"
             and accept in PLAIN_ACCEPTS
             and not format_suffix
             and self.settings.URL_FORMAT_OVERRIDE not in request.query_params

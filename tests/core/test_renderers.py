@@ -78,6 +78,7 @@ def test_the_apis_answers_are_drfs_bytes(client_for, member, make_job, settings)
         ("application/json", 200, False),
         ("application/json, */*", 200, False),
         ("application/json; indent=2", 200, True),  # DRF's own negotiation: its parameters kept
+        ("", 406, False),  # an empty header accepts nothing, as DRF reads it
         ("text/html", 406, False),
         ("application/xml", 406, False),
     ],
@@ -88,7 +89,9 @@ def test_negotiation_answers_as_drfs_would(client_for, member, accept, status, i
     headers = {} if accept is None else {"HTTP_ACCEPT": accept}
     response = client_for(member).get("/api/v1/me/", **headers)
     assert response.status_code == status, response.content
-    assert response["Content-Type"].startswith("application/json" if status == 200 else "application/problem+json")
+    assert response["Content-Type"].startswith(
+        "application/json" if status == 200 else "application/problem+json"
+    )
     assert (b"\n  " in response.content) is indented
 
 
@@ -97,3 +100,10 @@ def test_a_format_override_still_goes_through_drfs_negotiation(client_for, membe
     api = client_for(member)
     assert api.get("/api/v1/me/?format=json").status_code == 200
     assert api.get("/api/v1/me/?format=yaml").status_code == 404  # DRF: no renderer of that format
+
+
+@pytest.mark.django_db
+def test_a_view_whose_renderer_writes_html_is_not_answered_as_json(client_for, member):
+    """The docs page's one renderer writes HTML: an Accept of JSON is DRF's 406, not that page."""
+    response = client_for(member).get("/api/v1/docs/", HTTP_ACCEPT="application/json")
+    assert response.status_code == 406

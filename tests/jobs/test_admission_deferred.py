@@ -154,3 +154,20 @@ def test_a_lost_admit_task_is_made_good_by_the_sweep(
     jobs_sweep()
     assert Job.objects.get(pk=job.pk).holds_gpus
     assert ("jobs.tasks.dispatch_job", {"job_id": job.pk}) in sent_tasks()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inside_a_callers_transaction_the_admit_task_waits_for_its_commit(
+    member, tenant, catalog, local_partition, grant, empty_queue
+):
+    """The mark and the message come after the commit: a task that cleared the mark before the
+    job was committed would not see it, and the mark would keep the next submissions from
+    sending another."""
+    cache.delete(admit_mark(local_partition.pk))
+    with transaction.atomic():
+        job, _ = job_submit(user=member, request=request_for(tenant, catalog, local_partition))
+        assert cache.get(admit_mark(local_partition.pk)) is None and sent_tasks() == []
+    assert cache.get(admit_mark(local_partition.pk)) == 1
+    assert sent_tasks() == [("jobs.tasks.admit_partition", {"partition_id": local_partition.pk})]
+    assert admit_partition(partition_id=local_partition.pk) == 1
+    assert Job.objects.get(pk=job.pk).holds_gpus
