@@ -91,7 +91,7 @@ PARTITION, CLUSTER = Partition._meta.db_table, Cluster._meta.db_table
 EVENT, AUDIT = JobEvent._meta.db_table, AuditEvent._meta.db_table
 SQL_SUBMIT_READS = (
     f"SELECT t.id, t.slug, s.id, s.env, s.cpus_per_gpu, m.id, p.id, p.cluster_id, "  # noqa: S608
-    "COALESCE(a.username, c.tenant_identity_template), "
+    "a.username, c.tenant_identity_template, "
     f"s.mem_per_gpu_mb FROM {TENANT} t JOIN {SCENARIO} s ON s.slug = %s JOIN {MODEL} m ON m.slug = %s "
     f"JOIN {CLUSTER} c ON c.slug = %s JOIN {PARTITION} p ON p.cluster_id = c.id AND p.name = %s "
     f"AND p.gpu_model_id = m.id LEFT JOIN {ACCOUNT} a ON a.tenant_id = t.id AND a.cluster_id = c.id "
@@ -231,6 +231,8 @@ def submit(request) -> HttpResponse:
         name, script = str(body["name"]), str(body["script"])
     except (ValueError, KeyError, TypeError):
         return _problem(400, "invalid")
+    if not (1 <= gpus <= 64 and 1 <= minutes <= 10_080):
+        return _problem(400, "invalid")
     key = request.headers.get("Idempotency-Key", "")
     with connection.cursor() as cursor:
         user_id = _caller(request, cursor)
@@ -240,7 +242,10 @@ def submit(request) -> HttpResponse:
         found = cursor.fetchone()
         if found is None:
             return _problem(404, "not_found")
-        tenant_id, slug, scenario_id, env, cpus, model_id, partition_id, cluster_id, account, mem = found
+        tenant_id, slug, scenario_id, env, cpus, model_id, partition_id, cluster_id, own, template, mem = (
+            found
+        )
+        account = own if own is not None else (template or "").format(tenant=slug)
         if key:
             cursor.execute(SQL_EARLIER, [user_id, key])
             if cursor.fetchone():
@@ -264,7 +269,7 @@ def submit(request) -> HttpResponse:
                 "env": env if isinstance(env, str) else json.dumps(env), "script": script, "template": "",
                 "parameters": "{}",
                 "state": JobState.QUEUED, "reason": "", "raw_state": "", "backend_id": "",
-                "cluster_user": account.format(tenant=slug), "node_list": "", "created": now, "reserved_gpu_hours": hours,
+                "cluster_user": account, "node_list": "", "created": now, "reserved_gpu_hours": hours,
                 "holds_gpus": False, "dispatch_attempts": 0, "idempotency_key": key, "request_digest": digest,
             }  # fmt: skip
             cursor.execute(SQL_INSERT_JOB, [values[column] for column in JOB_COLUMNS])
