@@ -8,6 +8,7 @@ from clusters.models import Cluster
 from jobs.models import Job, JobEvent, JobState
 from jobs.states import ACTIVE_IN_SCHEDULER
 from portal.core.compiled import CompiledQuery
+from portal.core.staff import sees_all_tenants
 from tenants import roles
 from tenants.models import Tenant, TenantUserPermission
 from tenants.selectors import tenant_id_list_visible_to, tenant_ids_visible_to, tenant_perms
@@ -89,8 +90,8 @@ def _holds(user_id: int, codename: str) -> Exists:
     )
 
 
-# The same row for a caller who is not staff, with the caller's rights on the job's tenant read
-# in the same query: whether it may view, cancel any job, submit. Reading the caller's whole
+# The same row for a caller whose rights are its memberships alone, with those rights on the
+# job's tenant read in the same query: whether it may view, cancel any job, submit. Reading the caller's whole
 # permission map first was a second query, a tenth of the answer's cost in the web process.
 RIGHTS = ("may_view", "may_cancel_any", "may_submit")
 _JOB_ROW_WITH_RIGHTS = CompiledQuery(
@@ -113,9 +114,10 @@ _JOB_ROW_WITH_RIGHTS = CompiledQuery(
 def job_answer_row_visible_to(*, user: AbstractBaseUser, pk: int) -> tuple[dict, bool] | None:
     """The job as a row of JOB_ROW_FIELDS if the caller may see it (a tenant of
     tenant_id_list_visible_to), and whether the caller may see its detail (job_is_own_or_managed);
-    else None. For a caller who is not staff, one query; for staff, whose rights come from
-    their roles too, the row by its id and their rights as tenant_perms reads them."""
-    if not user.is_staff:
+    else None. For a caller whose rights are its memberships alone, one query; for a staff role
+    that reads every tenant (platform admins included), the row by its id and the rights as
+    tenant_perms reads them."""
+    if not sees_all_tenants(user):
         rows = _JOB_ROW_WITH_RIGHTS.rows(pk, user.pk, user.pk, user.pk) if user.is_active else []
         if not rows or not rows[0][-3]:
             return None
