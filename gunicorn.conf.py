@@ -50,3 +50,11 @@ def post_worker_init(worker) -> None:
     get_resolver().url_patterns  # noqa: B018  (imports the views, their serializers and forms)
     gc.collect()
     gc.freeze()
+
+
+def child_exit(server, worker) -> None:
+    """A worker ended: prometheus_client's multiprocess mode drops its live gauges
+    (portal/core/metrics.py); what it counted stays in the sum."""
+    from portal.core.metrics import process_dead
+
+    process_dead(worker.pid)

@@ -9,6 +9,10 @@ from clusters.backends.base import Backend, BackendUnavailable, ClusterConfig
 from clusters.breaker import ClusterUnavailable
 from clusters.models import Cluster, ClusterKind, Partition
 from clusters.signals import cluster_recovered
+from portal.core.metrics import cluster_errors
+
+# The transport a cluster's failures are counted under (portal_cluster_errors_total).
+TRANSPORTS = {ClusterKind.SLURM: "ssh", ClusterKind.KUBERNETES: "api", ClusterKind.LOCAL: "local"}
 
 # How long the half-open probe's lock is held at most: a health() is one SSH connect and one
 # short command, each bounded by the backend's timeouts.
@@ -61,6 +65,7 @@ def cluster_mark_health(*, cluster: Cluster, healthy: bool, detail: str) -> None
     if healthy:
         cluster_answered(cluster=cluster)
     else:
+        cluster_errors.labels(cluster.slug, TRANSPORTS.get(cluster.kind, cluster.kind)).inc()
         breaker.breaker_failure(cluster_id=cluster.pk, detail=detail)
 
 

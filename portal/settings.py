@@ -104,10 +104,13 @@ INSTALLED_APPS = [
     "clusters",
     "tenants",
     "jobs",
+    "monitoring",
 ]
 
 MIDDLEWARE = [
-    # First: a request that waited too long for a worker is refused before it costs anything.
+    # First of all: every request is counted, those refused by the middleware below included.
+    "monitoring.middleware.count_requests",
+    # Then: a request that waited too long for a worker is refused before it costs anything.
     "portal.core.overload.shed_when_queued_too_long",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -275,6 +278,13 @@ JOB_LOG_RETENTION_DAYS = env_int("JOB_LOG_RETENTION_DAYS", 90, minimum=1)
 IDLE_GPU_THRESHOLD_PCT = env_int("IDLE_GPU_THRESHOLD_PCT", 5, minimum=0, maximum=100)
 IDLE_GPU_WINDOW_MINUTES = env_int("IDLE_GPU_WINDOW_MINUTES", 120, minimum=1)
 IDLE_GPU_CANCEL = env_bool("IDLE_GPU_CANCEL", False)
+
+# --- Monitoring (monitoring/; README, Monitoring). /metrics answers only with
+# `Authorization: Bearer <METRICS_TOKEN>`, and 404 while none is set. The processes share their
+# counts through PROMETHEUS_MULTIPROC_DIR, which prometheus_client reads from the environment.
+METRICS_TOKEN = env_secret("METRICS_TOKEN")
+# Read here so that it is checked and listed; prometheus_client reads the environment itself.
+PROMETHEUS_MULTIPROC_DIR = env_str("PROMETHEUS_MULTIPROC_DIR", "")
 
 # --- Redis, or the embedded mode: with REDIS_URL unset the broker is kombu's filesystem
 # transport under var/, so a real, separate Celery worker runs with no server to install.

@@ -8,6 +8,7 @@ from rest_framework.routers import SimpleRouter
 from clusters.urls import api_urlpatterns as clusters_api
 from jobs import views as jobs_views
 from jobs.urls import api_urlpatterns as jobs_api
+from monitoring import views as monitoring_views
 from portal.core import accounts, converters, errors
 from portal.core import api as core_api
 from portal.core import views as core_views
@@ -62,6 +63,7 @@ pages = [
 urlpatterns = [
     path("healthz", core_views.healthz, name="healthz"),
     path("readyz", core_views.readyz, name="readyz"),
+    path("metrics", monitoring_views.metrics, name="metrics"),
     path("api/v1/", include(api_v1)),
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),

@@ -255,7 +255,7 @@ def die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
 
 
-def start_celery_worker(log_path: Path) -> subprocess.Popen:
+def start_celery_worker(log_path: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     """A real Celery worker process on the machine's Redis, sharing the test database."""
     from django.conf import settings
 
@@ -265,6 +265,7 @@ def start_celery_worker(log_path: Path) -> subprocess.Popen:
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "DATABASE_URL": database_url_of_test_db(),
         "REDIS_URL": settings.REDIS_URL,
+        **(extra_env or {}),
     }
     hostname = f"test-{os.getpid()}-{time.monotonic_ns()}"
     log = open(log_path, "w")  # noqa: SIM115  (the child keeps it; closed when it ends)

@@ -25,6 +25,8 @@ from jobs.services.admission import job_held_back, job_unadmit_if_held, jobs_adm
 from jobs.services.common import moved_event, send_now
 from jobs.services.finish import job_finish
 from jobs.services.stall import jobs_hold_for_cluster
+from portal.core import metrics
+from portal.core.metrics import timed
 from tenants.models import QuotaGrant
 
 # --- Dispatch
@@ -96,6 +98,11 @@ def jobs_dispatch(*, job_id: int, retry: bool = False, batch: int | None = None)
 
 
 def _dispatch_batch(job_id: int, *, cluster: Cluster, batch: int | None) -> int:
+    with timed(metrics.dispatch_seconds, cluster=cluster.slug):
+        return _dispatch_claimed(job_id, cluster=cluster, batch=batch)
+
+
+def _dispatch_claimed(job_id: int, *, cluster: Cluster, batch: int | None) -> int:
     backend = backend_of(cluster)
     jobs = jobs_claim(
         job_id, cluster_id=cluster.pk, limit=min(batch or backend.SUBMIT_BATCH, backend.SUBMIT_BATCH)
@@ -166,6 +173,7 @@ def jobs_submit_claimed(backend: Backend, jobs: list[Job]) -> None:
     try:
         outcome = _scheduler_ids(backend, jobs)
     except BackendUnavailable as exc:  # nothing reached the scheduler
+        metrics.dispatch_jobs.labels(cluster.slug, "unavailable").inc(len(jobs))
         cluster_mark_health(cluster=cluster, healthy=False, detail=str(exc))
         Job.objects.filter(pk__in=by_pk).update(dispatch_lease_until=None)  # the retry may go at once
         raise
@@ -176,6 +184,8 @@ def jobs_submit_claimed(backend: Backend, jobs: list[Job]) -> None:
         _save_submitted(backend, submitted)
     again = [pk for pk, result in outcome.items() if isinstance(result, BackendUnavailable)]
     unknown = [pk for pk, result in outcome.items() if result is None]
+    retry = len(again) + len(unknown)
+    _count_outcomes(cluster.slug, submitted=len(submitted), retry=retry, total=len(outcome))
     for pk, result in outcome.items():
         if isinstance(result, BackendError) and not isinstance(result, BackendUnavailable):
             job_finish(job_id=pk, status=None, reject_reason=str(result)[:200])
@@ -188,6 +198,12 @@ def jobs_submit_claimed(backend: Backend, jobs: list[Job]) -> None:
         detail = str(first) if first is not None else "the connection was cut during sbatch"
         cluster_mark_health(cluster=cluster, healthy=False, detail=detail)
         raise BackendUnavailable(f"{len(again) + len(unknown)} of {len(jobs)} jobs not submitted: {detail}")
+
+
+def _count_outcomes(cluster: str, *, submitted: int, retry: int, total: int) -> None:
+    for outcome, n in (("submitted", submitted), ("retry", retry), ("rejected", total - submitted - retry)):
+        if n:
+            metrics.dispatch_jobs.labels(cluster, outcome).inc(n)
 
 
 def _scheduler_ids(backend: Backend, jobs: list[Job]) -> dict[int, str | BackendError | None]:

@@ -9,10 +9,12 @@ from django.utils import timezone
 
 from clusters.backends.base import JobStatus
 from clusters.models import Partition
+from clusters.selectors import catalog_names
 from jobs.models import Job, JobEvent, JobState
 from jobs.services.admission import jobs_admit_soon
 from jobs.services.common import moved_event
 from jobs.states import END_STATES
+from portal.core.metrics import jobs_ended
 from tenants.services import grant_settle
 
 
@@ -79,4 +81,12 @@ def _finish(partition_id: int, ends: dict[int, tuple[JobStatus | None, str]]) ->
         Job.objects.bulk_update(ended, _FINISHED_FIELDS, batch_size=100)
         if ended:
             transaction.on_commit(lambda: jobs_admit_soon(partition_id=partition_id))
+            transaction.on_commit(lambda: _count_ends(ended))
     return len(ended)
+
+
+def _count_ends(jobs: list[Job]) -> None:
+    """portal_jobs_ended_total, once the ends are committed."""
+    clusters = catalog_names(jobs).cluster  # the process's copy: no query once it is read
+    for job in jobs:
+        jobs_ended.labels(clusters[job.cluster_id], job.state).inc()

@@ -17,6 +17,7 @@ from jobs.models import Job, JobEvent, JobState
 from jobs.services.common import moved_event
 from jobs.services.finish import jobs_finish
 from jobs.states import ACTIVE_IN_SCHEDULER, END_STATES
+from portal.core.metrics import poll_seconds, timed
 
 POLL_TIME_LIMIT_S = 90  # jobs.tasks.poll_cluster's hard limit: the longest a poll holds a slot
 
@@ -39,7 +40,8 @@ def jobs_poll(*, cluster_id: int) -> int:
         if not slot:
             return 0
         try:
-            statuses = backend_of(cluster).poll(sorted(jobs))
+            with timed(poll_seconds, cluster=cluster.slug):
+                statuses = backend_of(cluster).poll(sorted(jobs))
         except BackendUnavailable as exc:
             cluster_mark_health(cluster=cluster, healthy=False, detail=str(exc))
             return 0

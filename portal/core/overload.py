@@ -34,8 +34,9 @@ from django.http import HttpResponse
 
 from portal.core.errors import problem_response
 
-# Answered whatever the load: the probes that tell an orchestrator the process is alive.
-NEVER_SHED = ("/healthz",)
+# Answered whatever the load: the probe that tells an orchestrator the process is alive, and
+# Prometheus's scrape, which is how an overload is seen.
+NEVER_SHED = ("/healthz", "/metrics")
 RETRY_AFTER_S = 1
 LOG_EVERY_S = 1.0  # one warning a second at most, with the count: overload means thousands
 

@@ -40,7 +40,16 @@ def test_api_md_names_every_operation_of_the_schema_and_no_other():
 
 
 # The directories whose every module and package has its own row in docs/architecture.md.
-ROOMS = ("portal", "portal/core", "clusters", "clusters/backends", "tenants", "jobs", "jobs/services")
+ROOMS = (
+    "portal",
+    "portal/core",
+    "clusters",
+    "clusters/backends",
+    "tenants",
+    "jobs",
+    "jobs/services",
+    "monitoring",
+)
 SKIPPED = {"__init__.py", "migrations", "__pycache__"}
 
 

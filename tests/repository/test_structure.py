@@ -1,6 +1,6 @@
 """The structure docs/architecture.md describes, held: imports point one way (no module of
 portal/core imports an app, clusters imports neither tenants nor jobs, tenants does not import
-jobs), jobs/services has no cycle and admission sits at its bottom, and no module uses another
+jobs, no app below monitoring imports it), jobs/services has no cycle and admission sits at its bottom, and no module uses another
 module's underscore name."""
 
 import ast
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("portal", "clusters", "tenants", "jobs")
+APPS = ("portal", "clusters", "tenants", "jobs", "monitoring")
 CODE = (*APPS, "bench", "scripts", "tests")
 
 
@@ -61,7 +61,14 @@ def test_portal_core_imports_no_app():
     assert {module: names for module, names in offenders.items() if names} == {}
 
 
-@pytest.mark.parametrize(("app", "above"), [("clusters", ("tenants", "jobs")), ("tenants", ("jobs",))])
+@pytest.mark.parametrize(
+    ("app", "above"),
+    [
+        ("clusters", ("tenants", "jobs", "monitoring")),
+        ("tenants", ("jobs", "monitoring")),
+        ("jobs", ("monitoring",)),
+    ],
+)
 def test_an_app_imports_no_app_above_it(app, above):
     assert _importers(app, above) == {}
 
