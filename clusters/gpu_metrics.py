@@ -233,32 +233,30 @@ def _first(labels: dict[str, str], names: tuple[str, ...]) -> str:
     return next((labels[name] for name in names if labels.get(name)), "")
 
 
-def _owner(labels: dict[str, str], slurm_ids: set[str], k8s_jobs: dict[tuple[str, str], str]) -> str | None:
-    """The backend id of the job that the series' labels name, if it is one of those asked for."""
-    if (hpc_job := labels.get("hpc_job")) in slurm_ids:
-        return hpc_job
+def backend_ids_named(labels: dict[str, str]) -> list[str]:
+    """The backend ids a series' (or an alert's) labels may name, most likely first: the Slurm
+    job id of `hpc_job`, or `<namespace>/<Job name>` for the pod that `namespace`/`pod` name.
+    The Job controller names pods "<job>-<5 chars>" (an indexed Job "<job>-<index>-<5 chars>"):
+    the pod's name with one, then two, trailing parts cut off."""
+    if hpc_job := labels.get("hpc_job"):
+        return [hpc_job]
     namespace, pod = _first(labels, _NAMESPACE_LABELS), _first(labels, _POD_LABELS)
     if not namespace or not pod:
-        return None
-    # The Job controller names pods "<job>-<5 chars>" (an indexed Job "<job>-<index>-<5 chars>"):
-    # try the name with one, then two, trailing parts cut off.
-    for job_name in (pod, pod.rsplit("-", 1)[0], pod.rsplit("-", 2)[0]):
-        if (found := k8s_jobs.get((namespace, job_name))) is not None:
-            return found
-    return None
+        return []
+    names = dict.fromkeys((pod.rsplit("-", 1)[0], pod.rsplit("-", 2)[0], pod))
+    return [f"{namespace}/{name}" for name in names]
+
+
+def _owner(labels: dict[str, str], wanted: set[str]) -> str | None:
+    """The backend id of the job that the series' labels name, if it is one of those asked for."""
+    return next((backend_id for backend_id in backend_ids_named(labels) if backend_id in wanted), None)
 
 
 def dcgm_job_samples(series: Iterable[Series], backend_ids: Iterable[str]) -> dict[str, GpuSample]:
     """A sample for each asked-for job that the exporter's labels name (see the module's
     docstring); jobs it does not name are left out. A backend id with a "/" is a Kubernetes one
     (namespace/Job name); any other is a Slurm job id."""
-    slurm_ids, k8s_jobs = set(), {}
-    for backend_id in backend_ids:
-        namespace, slash, name = backend_id.partition("/")
-        if slash:
-            k8s_jobs[(namespace, name)] = backend_id
-        else:
-            slurm_ids.add(backend_id)
+    wanted = set(backend_ids)
     # job → device → {metric: percent}; a device is one GPU, or one MIG instance of it.
     found: dict[str, dict[tuple[str, str, str], dict[str, float]]] = {}
     for sample in series:
@@ -267,7 +265,7 @@ def dcgm_job_samples(series: Iterable[Series], backend_ids: Iterable[str]) -> di
         pct = sample.value * 100 if sample.name == DCGM_ENGINE_ACTIVE else sample.value
         if not 0 <= pct <= 100:  # NaN and DCGM's blank sentinels (~9.2e18) included
             continue
-        owner = _owner(sample.labels, slurm_ids, k8s_jobs)
+        owner = _owner(sample.labels, wanted)
         if owner is None:
             continue
         labels = sample.labels

@@ -285,6 +285,15 @@ IDLE_GPU_CANCEL = env_bool("IDLE_GPU_CANCEL", False)
 METRICS_TOKEN = env_secret("METRICS_TOKEN")
 # Read here so that it is checked and listed; prometheus_client reads the environment itself.
 PROMETHEUS_MULTIPROC_DIR = env_str("PROMETHEUS_MULTIPROC_DIR", "")
+# POST /hooks/alertmanager answers only with `Authorization: Bearer <ALERTMANAGER_TOKEN>` (404
+# while none is set). A notification is tried ALERT_DELIVERY_ATTEMPTS times, waiting 30 s,
+# then twice as long each time, up to ALERT_DELIVERY_RETRY_MAX_S. A tenant's robots and webhooks
+# post to public https addresses only; ALERT_WEBHOOK_ALLOW_LOOPBACK lets them post to this
+# machine over http (development and tests, never production).
+ALERTMANAGER_TOKEN = env_secret("ALERTMANAGER_TOKEN")
+ALERT_DELIVERY_ATTEMPTS = env_int("ALERT_DELIVERY_ATTEMPTS", 5, minimum=1, maximum=20)
+ALERT_DELIVERY_RETRY_MAX_S = env_int("ALERT_DELIVERY_RETRY_MAX_S", 3600, minimum=1)
+ALERT_WEBHOOK_ALLOW_LOOPBACK = env_bool("ALERT_WEBHOOK_ALLOW_LOOPBACK", False)
 
 # --- Redis, or the embedded mode: with REDIS_URL unset the broker is kombu's filesystem
 # transport under var/, so a real, separate Celery worker runs with no server to install.
@@ -447,6 +456,9 @@ SPECTACULAR_SETTINGS = {
         "TenantStateEnum": "tenants.models.TenantState",
         "QuotaRequestStateEnum": "tenants.models.RequestState",
         "JobStateEnum": "jobs.models.JobState",
+        "AlertSeverityEnum": "monitoring.models.Severity",
+        "AlertStatusEnum": "monitoring.models.AlertStatus",
+        "DeliveryStatusEnum": "monitoring.models.DeliveryStatus",
     },
 }
 

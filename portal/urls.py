@@ -8,7 +8,9 @@ from rest_framework.routers import SimpleRouter
 from clusters.urls import api_urlpatterns as clusters_api
 from jobs import views as jobs_views
 from jobs.urls import api_urlpatterns as jobs_api
+from monitoring import api as monitoring_api
 from monitoring import views as monitoring_views
+from monitoring.urls import api_urlpatterns as monitoring_api_urls
 from portal.core import accounts, converters, errors
 from portal.core import api as core_api
 from portal.core import views as core_views
@@ -26,6 +28,7 @@ api_v1 = [
     *tenants_api,
     *clusters_api,
     *jobs_api,
+    *monitoring_api_urls,
 ]
 
 register_converter(converters.IdConverter, "id")
@@ -64,6 +67,7 @@ urlpatterns = [
     path("healthz", core_views.healthz, name="healthz"),
     path("readyz", core_views.readyz, name="readyz"),
     path("metrics", monitoring_views.metrics, name="metrics"),
+    path("hooks/alertmanager", monitoring_api.AlertmanagerReceiver.as_view(), name="alertmanager-hook"),
     path("api/v1/", include(api_v1)),
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),

@@ -223,6 +223,17 @@ def quota_deciders() -> QuerySet:
     return User.objects.filter(id__in=User.objects.filter(holds, is_staff=True, is_active=True).values("id"))
 
 
+def platform_admin_emails() -> list[str]:
+    """Where a platform alert goes: the active staff who hold the platform admin power
+    (superusers, directly, or through the role's group)."""
+    codename = PLATFORM_ADMIN.split(".", 1)[1]
+    power = Permission.objects.filter(content_type__app_label="tenants", codename=codename).values("id")
+    holds = Q(is_superuser=True) | Q(user_permissions__in=power) | Q(groups__permissions__in=power)
+    User = get_user_model()
+    admins = User.objects.filter(holds, is_staff=True, is_active=True).exclude(email="")
+    return sorted(set(admins.values_list("email", flat=True)))
+
+
 def staff_emails() -> list[str]:
     """Where news of a quota request goes: the staff who may decide it."""
     return list(quota_deciders().exclude(email="").values_list("email", flat=True))

@@ -12,7 +12,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # `GET /api/v1/jobs/`, `GET|PATCH /tenants/{slug}/`: the API's prefix may be left out.
 OPERATION = re.compile(r"`((?:GET|POST|PUT|PATCH|DELETE)(?:\|(?:GET|POST|PUT|PATCH|DELETE))*) (/[^`?\s]*)")
 # Served beside the API and described in docs/api.md, but not operations of the schema itself.
-NOT_IN_SCHEMA = {("GET", "/schema/"), ("GET", "/docs/"), ("GET", "/healthz"), ("GET", "/readyz")}
+NOT_IN_SCHEMA = {
+    *(("GET", "/schema/"), ("GET", "/docs/"), ("GET", "/healthz"), ("GET", "/readyz")),
+    *(("GET", "/metrics"), ("POST", "/hooks/alertmanager")),
+}
 
 
 def _normal(path: str) -> str:
