@@ -49,6 +49,20 @@ def test_every_rule_has_unit_tests():
     assert len(alerts) >= 10
 
 
+def test_a_recording_is_read_only_after_it_within_its_own_group():
+    # Prometheus evaluates groups concurrently (and promtool in a random order): a rule that read
+    # a recording of another group would see the previous evaluation's value, or none at first.
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    recorded_in = {rule["record"]: group["name"] for group in groups for rule in group["rules"] if "record" in rule}
+    for group in groups:
+        seen = set()
+        for rule in group["rules"]:
+            for record, home in recorded_in.items():
+                if re.search(rf"\b{re.escape(record)}\b", rule["expr"]):
+                    assert home == group["name"] and record in seen, (rule.get("alert"), record)
+            seen.add(rule.get("record"))
+
+
 @pytest.mark.parametrize("rule", [r for r in _rules() if "alert" in r], ids=lambda r: r["alert"])
 def test_every_alert_carries_its_routing_labels_and_a_runbook(rule):
     assert rule["labels"]["severity"] in {"warning", "critical"}
