@@ -42,6 +42,7 @@ class ClusterForm(forms.ModelForm):
     kubeconfig = forms.CharField(required=False, strip=False, widget=WriteOnlyTextarea(attrs={"rows": 4}))
     kubeconfig_clear = forms.BooleanField(required=False, label="Clear the kubeconfig")
     k8s_api_url = forms.URLField(required=False, assume_scheme="https")  # Django 6's default, now
+    prometheus_url = forms.URLField(required=False, max_length=500, assume_scheme="https")
     metrics_url = forms.URLField(required=False, max_length=500, assume_scheme="https")
 
     class Meta:
@@ -147,7 +148,7 @@ class ClusterAdmin(admin.ModelAdmin):
             },
         ),
         ("Local", {"fields": ["local_gpus", "job_sandbox"]}),
-        ("GPU telemetry", {"fields": ["metrics_url"]}),
+        ("GPU telemetry", {"fields": ["prometheus_url", "metrics_url"]}),
         ("Health", {"fields": ["health", "health_detail", "health_checked_at"]}),
     ]
 

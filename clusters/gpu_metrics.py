@@ -1,15 +1,27 @@
-"""GPU utilization as machines and exporters report it: nvidia-smi's CSV queries, and the
-Prometheus text exposition of NVIDIA's DCGM exporter, matched to the scheduler's jobs.
+"""GPU telemetry as machines and exporters report it, matched to the scheduler's jobs: nvidia-smi's
+CSV queries, NVIDIA's DCGM exporter read through a Prometheus server's query API (PromQL) or, for
+a cluster without one, its text exposition (read by prometheus_client's parser).
 
-Plain data in and out; no model is imported. The only I/O is fetch_metrics (one HTTP GET).
-Output that cannot be read raises GpuMetricsError naming the line, so that a caller (the idle-GPU
-sweep) reports the one cluster and goes on with the others.
+Plain data in and out; no model is imported. The only I/O is fetch_metrics and query_prometheus
+(one HTTP GET each). Output that cannot be read raises GpuMetricsError saying where, so that a
+caller (the GPU sampler, the idle-GPU sweep) reports the one cluster and goes on with the others.
 
-What the DCGM matching relies on (dcgm-exporter's own label names):
+A job's sample (clusters.backends.base.GpuSample) sums or spans its GPUs: utilization lowest,
+highest and mean; framebuffer used and total (used + free) summed; the hottest GPU's
+temperature; power summed; the highest XID error code any of them reports (0: none). A figure
+that not every GPU of the job reports is None rather than a sum over some of them.
 
-- the value: `DCGM_FI_DEV_GPU_UTIL` (percent); for a device that has none (a MIG instance),
-  `DCGM_FI_PROF_GR_ENGINE_ACTIVE` (a ratio, ×100). DCGM's "blank" sentinels (about 9.2e18) and
-  NaN mean "no value" and are dropped, as is anything outside 0–100 %.
+What the DCGM matching relies on (dcgm-exporter's own field and label names):
+
+- the fields (DCGM_FIELDS): `DCGM_FI_DEV_GPU_UTIL` (percent; for a device that has none, a MIG
+  instance, `DCGM_FI_PROF_GR_ENGINE_ACTIVE`, a ratio, ×100), `DCGM_FI_DEV_FB_USED` and
+  `DCGM_FI_DEV_FB_FREE` (MiB), `DCGM_FI_DEV_GPU_TEMP` (°C), `DCGM_FI_DEV_POWER_USAGE` (W) and
+  `DCGM_FI_DEV_XID_ERRORS` (the last XID's code). DCGM's "blank" sentinels (about 9.2e18) and
+  NaN mean "no value" and are dropped, as is a value outside the field's range. A device
+  counts as one of the job's GPUs when it reports a utilization.
+- Through Prometheus, the series must carry the label `cluster="<the cluster's slug>"`: the
+  example scrape job in deploy/prometheus/prometheus.yml sets it, so that one Prometheus may
+  serve several clusters whose Slurm job ids overlap.
 - one device: the `Hostname`, the `UUID` (else `gpu`, the index) and, for a MIG instance,
   `GPU_I_ID`; a series repeated for the same device (two jobs mapped to one GPU) counts once.
 - Slurm: the `hpc_job` label, which the exporter sets only where the site runs it with the HPC
@@ -23,13 +35,16 @@ What the DCGM matching relies on (dcgm-exporter's own label names):
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from clusters.backends.base import GpuSample
 
@@ -70,6 +85,9 @@ class GpuReading:
     utilization_pct: float | None
     memory_used_mib: float | None
     memory_total_mib: float | None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    xid: int | None = None  # the last XID error's code (0: none); nvidia-smi's query has none
 
 
 @dataclass(frozen=True)
@@ -123,6 +141,8 @@ def parse_query_gpu(text: str) -> list[GpuReading]:
                 utilization_pct=_number(row["utilization.gpu"], "utilization.gpu", line_no),
                 memory_used_mib=_number(row["memory.used"], "memory.used", line_no),
                 memory_total_mib=_number(row["memory.total"], "memory.total", line_no),
+                temperature_c=_number(row["temperature.gpu"], "temperature.gpu", line_no),
+                power_w=_number(row["power.draw"], "power.draw", line_no),
             )
         )
     return readings
@@ -138,91 +158,106 @@ def parse_compute_apps(text: str) -> list[ComputeApp]:
     return apps
 
 
+def job_sample(backend_id: str, readings: list[GpuReading]) -> GpuSample:
+    """One job's sample over its GPUs' readings, each with a utilization (the module's docstring
+    says how each figure is summed or spanned)."""
+    utilization = [reading.utilization_pct or 0.0 for reading in readings]
+
+    def every(values: list) -> list | None:
+        return None if None in values else values
+
+    used = every([reading.memory_used_mib for reading in readings])
+    total = every([reading.memory_total_mib for reading in readings])
+    temperature = every([reading.temperature_c for reading in readings])
+    power = every([reading.power_w for reading in readings])
+    xid = [reading.xid for reading in readings if reading.xid is not None]
+    return GpuSample(
+        backend_id,
+        gpus=len(readings),
+        min_pct=min(utilization),
+        max_pct=max(utilization),
+        mean_pct=round(sum(utilization) / len(utilization), 2),
+        memory_used_mib=sum(used) if used else None,
+        memory_total_mib=sum(total) if total else None,
+        temperature_c=max(temperature) if temperature else None,
+        power_w=round(sum(power), 2) if power else None,
+        xid=max(xid) if xid else None,
+    )
+
+
 def samples_by_index(held: dict[str, list[int]], readings: list[GpuReading]) -> dict[str, GpuSample]:
-    """A sample for each job (backend id → the GPU indices it holds) whose every GPU nvidia-smi
+    """A sample for each job (backend id → the GPU indices it holds) whose every GPU was
     reported with a utilization; a job with a GPU unknown or without a value is left out."""
-    by_index = {reading.index: reading.utilization_pct for reading in readings}
+    by_index = {reading.index: reading for reading in readings}
     samples = {}
     for backend_id, indices in held.items():
-        values = [by_index.get(index) for index in indices]
-        if values and None not in values:
-            samples[backend_id] = GpuSample(backend_id, len(values), min(values), max(values))
+        mine = [by_index.get(index) for index in indices]
+        if mine and all(reading is not None and reading.utilization_pct is not None for reading in mine):
+            samples[backend_id] = job_sample(backend_id, mine)
     return samples
 
 
-# --- Prometheus text exposition (format 0.0.4; OpenMetrics text reads the same for gauges)
-
-_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\\n]|\\.)*)"\s*(,|(?=\}))')
-_VALUE = re.compile(
-    r"[+-]?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?|Inf|NaN)", re.I
-)
-_TIMESTAMP = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
-_UNESCAPE = re.compile(r"\\(.)")
+# --- Prometheus text exposition, read by prometheus_client's parser
 
 
 @dataclass(frozen=True)
 class Series:
-    """One sample line: a metric name, its labels and its value."""
+    """One sample: a metric name, its labels and its value."""
 
     name: str
     labels: dict[str, str]
     value: float
 
 
-def _unescape(value: str) -> str:
-    return _UNESCAPE.sub(lambda m: "\n" if m[1] == "n" else m[1], value)
-
-
-def _parse_line(line: str) -> Series:
-    """One sample line; ValueError with the reason if it is not one."""
-    name = _METRIC_NAME.match(line)
-    if name is None:
-        raise ValueError("no metric name")
-    pos, labels = name.end(), {}
-    if line[pos : pos + 1] == "{":
-        pos += 1
-        while not line[pos:].lstrip().startswith("}"):
-            label = _LABEL.match(line, pos)
-            if label is None:
-                raise ValueError(f"bad label at column {pos + 1}")
-            labels[label[1]] = _unescape(label[2])
-            pos = label.end()
-        pos = line.index("}", pos) + 1
-    rest = line[pos:].split()
-    if not 1 <= len(rest) <= 2 or (pos < len(line) and line[pos] not in " \t"):
-        raise ValueError("expected a value, and at most a timestamp, after the name and labels")
-    if not _VALUE.fullmatch(rest[0]):
-        raise ValueError(f"value {rest[0][:40]!r} is not a number")
-    if len(rest) == 2 and not _TIMESTAMP.fullmatch(rest[1]):
-        raise ValueError(f"timestamp {rest[1][:40]!r} is not a number")
-    return Series(name[0], labels, float(rest[0]))
-
-
 def parse_prometheus_text(text: str, *, names: Iterable[str] | None = None) -> list[Series]:
-    """The samples in a text exposition (of those metrics only, when `names` is given). A line
-    that is not a comment, a blank or a sample makes the whole answer unreadable, as it does for
-    Prometheus: GpuMetricsError with its line number."""
+    """The samples in a text exposition (of those metrics only, when `names` is given). An answer
+    that prometheus_client's parser refuses is unreadable as a whole, as it is for Prometheus:
+    GpuMetricsError naming the first line the parser refuses."""
     wanted = None if names is None else frozenset(names)
-    series = []
+    try:
+        samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+    except ValueError:
+        raise GpuMetricsError(_first_refused_line(text)) from None
+    return [
+        Series(sample.name, dict(sample.labels), float(sample.value))
+        for sample in samples
+        if wanted is None or sample.name in wanted
+    ]
+
+
+def _first_refused_line(text: str) -> str:
+    """Where the parser stops, said by reading again one line at a time (only once it failed)."""
     for line_no, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         try:
-            sample = _parse_line(line)
+            list(text_string_to_metric_families(line + "\n"))
         except ValueError as exc:
-            raise GpuMetricsError(f"metrics line {line_no}: {exc}: {line[:120]!r}") from None
-        if wanted is None or sample.name in wanted:
-            series.append(sample)
-    return series
+            return f"metrics line {line_no}: {exc}: {line[:120]!r}"
+    return "metrics: the exposition is not valid as a whole"
 
 
 # --- DCGM exporter
 
 DCGM_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # percent
 DCGM_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"  # ratio; what MIG instances report
-DCGM_METRICS = (DCGM_UTIL, DCGM_ENGINE_ACTIVE)
+DCGM_FB_USED = "DCGM_FI_DEV_FB_USED"  # MiB
+DCGM_FB_FREE = "DCGM_FI_DEV_FB_FREE"  # MiB
+DCGM_TEMP = "DCGM_FI_DEV_GPU_TEMP"  # °C
+DCGM_POWER = "DCGM_FI_DEV_POWER_USAGE"  # W
+DCGM_XID = "DCGM_FI_DEV_XID_ERRORS"  # the last XID error's code
+# Each field read, with the range outside which a value is DCGM's blank sentinel or nonsense.
+DCGM_FIELDS: dict[str, tuple[float, float]] = {
+    DCGM_UTIL: (0, 100),
+    DCGM_ENGINE_ACTIVE: (0, 1),
+    DCGM_FB_USED: (0, 1 << 30),
+    DCGM_FB_FREE: (0, 1 << 30),
+    DCGM_TEMP: (0, 200),
+    DCGM_POWER: (0, 100_000),
+    DCGM_XID: (0, 1 << 20),
+}
+DCGM_METRICS = tuple(DCGM_FIELDS)  # the names to read from an exposition
 # exported_* first: Prometheus renames the exporter's label so when its own target label (the
 # exporter pod's namespace and name) takes the plain name.
 _NAMESPACE_LABELS = ("exported_namespace", "namespace", "pod_namespace")
@@ -254,16 +289,15 @@ def _owner(labels: dict[str, str], wanted: set[str]) -> str | None:
 
 def dcgm_job_samples(series: Iterable[Series], backend_ids: Iterable[str]) -> dict[str, GpuSample]:
     """A sample for each asked-for job that the exporter's labels name (see the module's
-    docstring); jobs it does not name are left out. A backend id with a "/" is a Kubernetes one
-    (namespace/Job name); any other is a Slurm job id."""
+    docstring); jobs it does not name, or none of whose devices reports a utilization, are left
+    out. A backend id with a "/" is a Kubernetes one (namespace/Job name); any other is a Slurm
+    job id."""
     wanted = set(backend_ids)
-    # job → device → {metric: percent}; a device is one GPU, or one MIG instance of it.
+    # job → device → {field: value}; a device is one GPU, or one MIG instance of it.
     found: dict[str, dict[tuple[str, str, str], dict[str, float]]] = {}
     for sample in series:
-        if sample.name not in DCGM_METRICS:
-            continue
-        pct = sample.value * 100 if sample.name == DCGM_ENGINE_ACTIVE else sample.value
-        if not 0 <= pct <= 100:  # NaN and DCGM's blank sentinels (~9.2e18) included
+        bounds = DCGM_FIELDS.get(sample.name)
+        if bounds is None or not bounds[0] <= sample.value <= bounds[1]:  # NaN and blanks included
             continue
         owner = _owner(sample.labels, wanted)
         if owner is None:
@@ -274,12 +308,76 @@ def dcgm_job_samples(series: Iterable[Series], backend_ids: Iterable[str]) -> di
             labels.get("UUID") or labels.get("gpu", ""),
             labels.get("GPU_I_ID", ""),
         )
-        found.setdefault(owner, {}).setdefault(device, {})[sample.name] = pct
+        found.setdefault(owner, {}).setdefault(device, {})[sample.name] = sample.value
     samples = {}
     for backend_id, devices in found.items():
-        values = [metrics.get(DCGM_UTIL, metrics.get(DCGM_ENGINE_ACTIVE)) for metrics in devices.values()]
-        samples[backend_id] = GpuSample(backend_id, len(values), min(values), max(values))
+        readings = [reading for fields in devices.values() if (reading := _dcgm_reading(fields))]
+        if readings:
+            samples[backend_id] = job_sample(backend_id, readings)
     return samples
+
+
+def _dcgm_reading(fields: dict[str, float]) -> GpuReading | None:
+    """One device's fields as a reading; None for a device without a utilization."""
+    if DCGM_UTIL in fields:
+        utilization = fields[DCGM_UTIL]
+    elif DCGM_ENGINE_ACTIVE in fields:
+        utilization = fields[DCGM_ENGINE_ACTIVE] * 100
+    else:
+        return None
+    used, free = fields.get(DCGM_FB_USED), fields.get(DCGM_FB_FREE)
+    return GpuReading(
+        index=0,
+        uuid="",
+        name="",
+        utilization_pct=utilization,
+        memory_used_mib=used,
+        memory_total_mib=used + free if used is not None and free is not None else None,
+        temperature_c=fields.get(DCGM_TEMP),
+        power_w=fields.get(DCGM_POWER),
+        xid=int(fields[DCGM_XID]) if DCGM_XID in fields else None,
+    )
+
+
+def dcgm_promql(cluster_label: str) -> str:
+    """The one instant query that reads every DCGM field of a cluster's GPUs."""
+    names = "|".join(DCGM_FIELDS)  # plain [A-Z_] names: nothing to escape
+    return f'{{__name__=~"{names}",cluster="{_promql_string(cluster_label)}"}}'
+
+
+def _promql_string(value: str) -> str:
+    """A value for inside PromQL's double quotes (Go's string escapes)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def query_prometheus(base_url: str, promql: str, *, timeout_s: float = 10.0) -> list[Series]:
+    """The instant vector a Prometheus server's query API (GET /api/v1/query) answers for
+    `promql`; each series' `__name__` becomes its name. GpuMetricsError when the server cannot be
+    read, refuses the query or answers anything but a vector."""
+    url = f"{base_url.rstrip('/')}/api/v1/query?{urlencode({'query': promql})}"
+    shown = _without_credentials(base_url)[:100]
+    body = _get(
+        url, shown=shown, accept="application/json", timeout_s=timeout_s, max_bytes=64 << 20, error_json=True
+    )
+    unreadable = f"Prometheus {shown!r} answered something that is not its query API's JSON"
+    try:
+        answer = json.loads(body)
+        status, data = answer.get("status"), answer.get("data") or {}
+    except (ValueError, AttributeError):
+        raise GpuMetricsError(unreadable) from None
+    if status != "success":
+        why = f"{answer.get('errorType')}: {answer.get('error')}"[:300]
+        raise GpuMetricsError(f"Prometheus {shown!r} refused the query: {why}")
+    if data.get("resultType") != "vector":
+        raise GpuMetricsError(f"Prometheus {shown!r} answered a {data.get('resultType')!s:.20}, not a vector")
+    series = []
+    try:
+        for item in data["result"]:
+            labels = {str(key): str(value) for key, value in item["metric"].items()}
+            series.append(Series(labels.pop("__name__", ""), labels, float(item["value"][1])))
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        raise GpuMetricsError(unreadable) from None
+    return series
 
 
 def fetch_metrics(url: str, *, timeout_s: float = 10.0, max_bytes: int = 32 << 20) -> str:
@@ -287,13 +385,26 @@ def fetch_metrics(url: str, *, timeout_s: float = 10.0, max_bytes: int = 32 << 2
     Prometheus's /federate?match[]=DCGM_FI_DEV_GPU_UTIL for a cluster of many nodes).
     GpuMetricsError when it cannot be read within timeout_s, or answers more than max_bytes."""
     shown = _without_credentials(url)[:100]  # what a message may say of the URL
+    return _get(url, shown=shown, accept="text/plain;version=0.0.4", timeout_s=timeout_s, max_bytes=max_bytes)
+
+
+def _get(
+    url: str, *, shown: str, accept: str, timeout_s: float, max_bytes: int, error_json: bool = False
+) -> str:
+    """The body a URL answers. An HTTP error raises GpuMetricsError with its status, except, with
+    error_json, one whose body is JSON (Prometheus's API says why it refused a query that way)."""
     if urlsplit(url).scheme not in ("http", "https"):
         raise GpuMetricsError(f"metrics URL {shown!r} is not http(s)")
-    request = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})  # noqa: S310
+    request = urllib.request.Request(url, headers={"Accept": accept})  # noqa: S310
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - http(s) only
             body = response.read(max_bytes + 1)
-    except (urllib.error.URLError, OSError, ValueError) as exc:  # HTTPError and timeouts included
+    except urllib.error.HTTPError as exc:
+        detail = exc.read(4000).decode("utf-8", errors="replace")
+        if error_json and exc.headers.get_content_type() == "application/json":
+            return detail
+        raise GpuMetricsError(f"metrics URL {shown!r}: HTTP {exc.code}: {detail[:200]}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:  # timeouts included
         raise GpuMetricsError(f"metrics URL {shown!r}: {exc}") from None
     if len(body) > max_bytes:
         raise GpuMetricsError(f"metrics URL {shown!r} answered more than {max_bytes} bytes")

@@ -177,8 +177,19 @@ class Cluster(models.Model):
     )
     # Local: GPUs on the portal's own machine; 0 means "as many as nvidia-smi finds".
     local_gpus = models.PositiveIntegerField(default=0)
-    # GPU telemetry where the backend has none of its own: a DCGM exporter's /metrics, or a
-    # Prometheus's /federate?match[]=DCGM_FI_DEV_GPU_UTIL (clusters/gpu_metrics.py).
+    # GPU telemetry (clusters/gpu_metrics.py): a Prometheus server's query API that scrapes
+    # NVIDIA's DCGM exporter with the job mapping, its series labelled cluster="<slug>"; read first.
+    prometheus_url = models.URLField(
+        max_length=500,
+        blank=True,
+        validators=[URLValidator(schemes=["http", "https"])],
+        help_text=_(
+            "Prometheus server (its query API, e.g. http://prometheus:9090) that scrapes the cluster's "
+            "DCGM exporters with the job mapping and the label cluster=<this cluster's slug>; blank: none"
+        ),
+    )
+    # Where the backend has none of its own and there is no Prometheus: a DCGM exporter's
+    # /metrics, or a Prometheus's /federate?match[]=DCGM_FI_DEV_GPU_UTIL.
     metrics_url = models.URLField(
         max_length=500,
         blank=True,

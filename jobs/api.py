@@ -15,6 +15,7 @@ from jobs.filters import JobFilter
 from jobs.job_templates import TEMPLATES
 from jobs.models import Job
 from jobs.selectors import (
+    gpu_samples_of,
     job_answer_row_visible_to,
     job_answer_rows_visible_to,
     job_answers_visible_to,
@@ -24,6 +25,7 @@ from jobs.selectors import (
 from jobs.serializers import (
     JobDetailOut,
     JobEventOut,
+    JobGpuSampleOut,
     JobIn,
     JobOut,
     LogIn,
@@ -107,6 +109,14 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def events(self, request, pk=None):
         job = self.get_object()
         return Response(JobEventOut(job.events.all(), many=True).data)
+
+    @extend_schema(responses=JobGpuSampleOut(many=True))
+    @action(detail=True, methods=["get"], url_path="gpu-samples", pagination_class=None, filter_backends=[])
+    def gpu_samples(self, request, pk=None):
+        """The job's GPU readings over its life, oldest first (at most 720: every k-th when it
+        has more, the latest always kept); [] before its first reading."""
+        job = self.get_object()
+        return Response(JobGpuSampleOut(gpu_samples_of(job), many=True).data)
 
     @extend_schema(
         parameters=[LogIn],

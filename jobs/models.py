@@ -145,3 +145,35 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}: {self.from_state or '∅'} → {self.to_state}"
+
+
+class JobGpuSample(models.Model):
+    """One reading of a RUNNING job's GPUs (jobs/services/telemetry.py), for the job page's charts,
+    the dashboard's GPU efficiency and GET /jobs/{id}/gpu-samples/. Figures span or sum the job's
+    GPUs as clusters/gpu_metrics.py says; null where the source does not report them."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="gpu_samples")
+    at = models.DateTimeField()
+    gpus = models.PositiveIntegerField()  # how many of the job's GPUs were read
+    utilization_pct = models.FloatField()  # the mean over its GPUs
+    utilization_min_pct = models.FloatField()
+    utilization_max_pct = models.FloatField()
+    memory_used_mib = models.FloatField(null=True)
+    memory_total_mib = models.FloatField(null=True)
+    temperature_c = models.FloatField(null=True)  # the hottest of its GPUs
+    power_w = models.FloatField(null=True)
+    xid = models.PositiveIntegerField(null=True)  # the highest XID error code reported; 0: none
+
+    class Meta:
+        ordering = ["job", "at"]
+        constraints = [models.UniqueConstraint(fields=["job", "at"], name="job_gpu_sample_once")]
+        indexes = [models.Index(fields=["at"], name="job_gpu_sample_at")]  # the pruning
+
+    def __str__(self) -> str:
+        return f"{self.job_id} at {self.at:%Y-%m-%d %H:%M}: {self.utilization_pct:.0f}%"
+
+    @property
+    def memory_used_pct(self) -> float | None:
+        if self.memory_used_mib is None or not self.memory_total_mib:
+            return None
+        return round(100 * self.memory_used_mib / self.memory_total_mib, 1)

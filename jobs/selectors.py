@@ -1,11 +1,11 @@
 from datetime import date
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Sum
+from django.db.models import Avg, Count, Exists, F, Max, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
 from clusters.models import Cluster
-from jobs.models import Job, JobEvent, JobState
+from jobs.models import Job, JobEvent, JobGpuSample, JobState
 from jobs.states import ACTIVE_IN_SCHEDULER
 from portal.core.compiled import CompiledQuery
 from portal.core.staff import sees_all_tenants
@@ -237,3 +237,43 @@ def awaiting_dispatch(now) -> Q:
     dispatch lease: what a dispatcher may claim, and what waits while its cluster stalls."""
     claimable = Q(state=JobState.QUEUED, holds_gpus=True) | Q(state=JobState.SUBMITTING)
     return claimable & (Q(dispatch_lease_until__isnull=True) | Q(dispatch_lease_until__lt=now))
+
+
+# The most points a job's GPU charts and GET /jobs/{id}/gpu-samples/ carry: a week of one-minute
+# readings is 10,080; every k-th of them (and always the latest) is plenty for a chart.
+GPU_SAMPLES_SHOWN = 720
+
+
+def gpu_samples_of(job: Job, *, limit: int = GPU_SAMPLES_SHOWN) -> list[JobGpuSample]:
+    """The job's GPU readings in time order, thinned to at most `limit` (every k-th, the latest
+    kept). The caller has found the job among those it may see."""
+    samples = list(JobGpuSample.objects.filter(job=job).order_by("at"))
+    if len(samples) <= limit:
+        return samples
+    step = -(-len(samples) // limit)  # ceil
+    thinned = samples[::step]
+    if thinned[-1] is not samples[-1]:
+        thinned[-1] = samples[-1]
+    return thinned
+
+
+def gpu_efficiency_of(jobs: list[Job]) -> dict[int, dict]:
+    """Per job (of those given: the caller's visible ones) that has readings: its GPUs' mean
+    utilization over its life so far (`mean_pct`, the GPU efficiency), and its latest reading."""
+    ids = [job.pk for job in jobs]
+    if not ids:
+        return {}
+    overall = (
+        JobGpuSample.objects.filter(job_id__in=ids)
+        .values("job_id")
+        .annotate(mean_pct=Avg("utilization_pct"), readings=Count("id"), latest_at=Max("at"))
+    )
+    by_job = {row["job_id"]: row for row in overall}
+    latest = JobGpuSample.objects.filter(
+        job_id__in=list(by_job), at__in=[row["latest_at"] for row in by_job.values()]
+    )
+    for sample in latest:
+        row = by_job[sample.job_id]
+        if sample.at == row["latest_at"]:
+            row["latest"] = sample
+    return by_job

@@ -14,7 +14,7 @@ from rest_framework import serializers
 
 from clusters.models import Cluster, GpuModel, Scenario
 from clusters.selectors import CatalogNames, catalog_names
-from jobs.models import Job, JobEvent, Priority, job_name_validator
+from jobs.models import Job, JobEvent, JobGpuSample, Priority, job_name_validator
 from jobs.selectors import API_JOB_DETAIL_FIELDS, JOB_ANSWER
 from jobs.services.submit import MAX_ENV
 from portal.core.serializers import NO_NUL, SlugRef, StrictCharField, StrictIntegerField
@@ -240,6 +240,26 @@ class JobEventOut(serializers.ModelSerializer):
     class Meta:
         model = JobEvent
         fields = ["at", "from_state", "to_state", "reason", "raw_state"]
+
+
+class JobGpuSampleOut(serializers.ModelSerializer):
+    memory_used_pct = serializers.FloatField(allow_null=True, read_only=True)
+
+    class Meta:
+        model = JobGpuSample
+        fields = [
+            "at",
+            "gpus",
+            "utilization_pct",
+            "utilization_min_pct",
+            "utilization_max_pct",
+            "memory_used_mib",
+            "memory_total_mib",
+            "memory_used_pct",
+            "temperature_c",
+            "power_w",
+            "xid",
+        ]
 
 
 class LogIn(serializers.Serializer):

@@ -143,3 +143,10 @@ def apply_tenant_old_name(*, tenant_id: int, cluster_id: int | None = None) -> N
     queued (or waiting on a retry) under that name when a new release starts is still applied,
     not dropped as unregistered. Remove one release after the move."""
     apply_tenant(tenant_id=tenant_id, cluster_id=cluster_id)
+
+
+@shared_task(acks_late=True, soft_time_limit=45, time_limit=55)
+def sample_gpus() -> dict:
+    """Beat, every GPU_SAMPLE_INTERVAL_S: one reading of each RUNNING job's GPUs, kept for its
+    charts (jobs/services/telemetry.py). No retry: the next beat reads anew."""
+    return services.jobs_sample_gpus().as_dict()

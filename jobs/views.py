@@ -25,7 +25,14 @@ from jobs.filters import JobFilter
 from jobs.forms import JobSubmitForm
 from jobs.job_templates import templates_for
 from jobs.models import Job, JobState, Priority
-from jobs.selectors import job_events_of, job_is_own_or_managed, jobs_visible_to, usage_of
+from jobs.selectors import (
+    gpu_efficiency_of,
+    gpu_samples_of,
+    job_events_of,
+    job_is_own_or_managed,
+    jobs_visible_to,
+    usage_of,
+)
 from jobs.states import END_STATES
 from portal.core.errors import Conflict, Forbidden, PortalError, Unavailable
 from portal.core.serializers import ID_LOOKUP
@@ -205,8 +212,63 @@ def dashboard(request: HttpRequest, slug: str) -> HttpResponse:
         "usage_total": round(sum(series["values"]), 4),
         "events": job_events_of(user=request.user, tenant=tenant)[:RECENT_EVENTS],
         "active_query": query.urlencode(),
+        "efficiency_rows": _efficiency_rows(list(active.filter(state=JobState.RUNNING)[:DASHBOARD_JOBS])),
     }
     return render(request, "jobs/dashboard.html", context)
+
+
+def _efficiency_rows(running: list[Job]) -> list[dict]:
+    """Each running job with its GPU efficiency (mean utilization over its life so far) and its
+    latest reading; a job not read yet shows as such."""
+    efficiency = gpu_efficiency_of(running)
+    return [{"job": job, **efficiency.get(job.pk, {})} for job in running]
+
+
+# --- GPU telemetry of one job (jobs/services/telemetry.py)
+
+
+def _gpu_context(job: Job) -> dict:
+    """The job's GPU charts: one canvas each, its data as a json_script (static/js/portal.js)."""
+    samples = gpu_samples_of(job)
+    if not samples:
+        return {"gpu_samples": []}
+    labels = [timezone.localtime(sample.at).strftime("%m-%d %H:%M") for sample in samples]
+
+    def chart(key: str, title: str, unit: str, series: dict[str, str], maximum: float | None = None) -> dict:
+        return {
+            "id": f"gpu-{key}",
+            "kind": "line",
+            "title": title,
+            "unit": unit,
+            "max": maximum,
+            "labels": labels,
+            "series": [
+                {"label": label, "values": [getattr(sample, field) for sample in samples]}
+                for field, label in series.items()
+            ],
+        }
+
+    utilization = {
+        "utilization_pct": _("mean"),
+        "utilization_min_pct": _("least busy GPU"),
+        "utilization_max_pct": _("busiest GPU"),
+    }
+    charts = [
+        chart("utilization", _("Utilization"), "%", utilization, 100),
+        chart("memory", _("Memory used"), "%", {"memory_used_pct": _("memory used")}, 100),
+        chart("temperature", _("Temperature (hottest GPU)"), "°C", {"temperature_c": _("temperature")}),
+        chart("power", _("Power"), "W", {"power_w": _("power")}),
+    ]
+    # A chart whose figure the source never reported (nvidia-smi without power, say) is left out.
+    charts = [c for c in charts if any(v is not None for s in c["series"] for v in s["values"])]
+    overall = gpu_efficiency_of([job]).get(job.pk, {})
+    return {
+        "gpu_samples": samples,
+        "gpu_charts": charts,
+        "gpu_recent": samples[-10:][::-1],
+        "gpu_efficiency": overall.get("mean_pct"),
+        "gpu_readings": overall.get("readings", 0),
+    }
 
 
 # --- One job
@@ -257,6 +319,7 @@ def job_detail(request: HttpRequest, slug: str, job_id: int) -> HttpResponse:
     tenant = tenant_or_404(request, slug)
     job = _job_or_404(request, tenant, job_id)
     context = tenant_context(request, tenant) | _live_context(request, job) | _log_context(job)
+    context |= _gpu_context(job)
     return render(request, "jobs/detail.html", context | {"section": "jobs", "log_lines": LOG_LINES})
 
 

@@ -278,6 +278,10 @@ JOB_LOG_RETENTION_DAYS = env_int("JOB_LOG_RETENTION_DAYS", 90, minimum=1)
 IDLE_GPU_THRESHOLD_PCT = env_int("IDLE_GPU_THRESHOLD_PCT", 5, minimum=0, maximum=100)
 IDLE_GPU_WINDOW_MINUTES = env_int("IDLE_GPU_WINDOW_MINUTES", 120, minimum=1)
 IDLE_GPU_CANCEL = env_bool("IDLE_GPU_CANCEL", False)
+# GPU telemetry per job (jobs/services/telemetry.py): RUNNING jobs' GPUs read this often, and the
+# readings kept this many days for the job page's charts and the API.
+GPU_SAMPLE_INTERVAL_S = env_int("GPU_SAMPLE_INTERVAL_S", 60, minimum=10)
+GPU_SAMPLE_KEEP_DAYS = env_int("GPU_SAMPLE_KEEP_DAYS", 30, minimum=1)
 
 # --- Monitoring (monitoring/; README, Monitoring). /metrics answers only with
 # `Authorization: Bearer <METRICS_TOKEN>`, and 404 while none is set. The processes share their
@@ -390,6 +394,11 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": 80000},
     },
     "watch-idle-gpus": {"task": "jobs.tasks.watch_idle_gpus", "schedule": 600.0, "options": {"expires": 580}},
+    "sample-gpus": {
+        "task": "jobs.tasks.sample_gpus",
+        "schedule": float(GPU_SAMPLE_INTERVAL_S),
+        "options": {"expires": GPU_SAMPLE_INTERVAL_S - 5},
+    },
 }
 
 # --- Mail

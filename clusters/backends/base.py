@@ -206,12 +206,26 @@ class PurgeReport:
 
 @dataclass(frozen=True)
 class GpuSample:
-    """GPU utilization of one job's GPUs at one moment: the lowest and highest over its GPUs."""
+    """One job's GPUs at one moment: utilization (lowest, highest, mean over its GPUs) and, where
+    the source has them, framebuffer memory (summed), the hottest GPU's temperature, power
+    (summed) and the last XID error any of them reported (0: none). None: not reported."""
 
     backend_id: str
     gpus: int
     min_pct: float
     max_pct: float
+    mean_pct: float | None = None
+    memory_used_mib: float | None = None
+    memory_total_mib: float | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    xid: int | None = None
+
+    @property
+    def memory_used_pct(self) -> float | None:
+        if self.memory_used_mib is None or not self.memory_total_mib:
+            return None
+        return 100.0 * self.memory_used_mib / self.memory_total_mib
 
 
 # The longest a scratch purge of one tenant tree may take (a walk over a shared filesystem):

@@ -27,6 +27,7 @@ from jobs.services.idle import IdleReport, jobs_watch_idle
 from jobs.services.logs import job_log_tail
 from jobs.services.poll import jobs_poll
 from jobs.services.submit import IDEMPOTENCY_KEY_MAX, JobPreview, JobRequest, job_preview, job_submit
+from jobs.services.telemetry import SampleReport, cluster_gpu_samples, jobs_sample_gpus
 
 __all__ = [
     "IDEMPOTENCY_KEY_MAX",
@@ -36,9 +37,11 @@ __all__ = [
     "JobRequest",
     "OrphanReport",
     "RetentionReport",
+    "SampleReport",
     "ScratchReport",
     "SuspendedReport",
     "WalltimeCapReport",
+    "cluster_gpu_samples",
     "grants_end",
     "job_cancel",
     "job_cancel_in_scheduler",
@@ -51,6 +54,7 @@ __all__ = [
     "jobs_cap_walltime",
     "jobs_dispatch",
     "jobs_poll",
+    "jobs_sample_gpus",
     "jobs_sweep",
     "jobs_watch_idle",
     "orphans_find",

@@ -2,8 +2,8 @@
 IDLE_GPU_WINDOW_MINUTES is mailed to its submitter, once per idle stretch; with IDLE_GPU_CANCEL it
 is cancelled (reason idle_gpus) when it is still idle one more window after that mail.
 
-Where utilization comes from: the cluster's backend (the local one reads nvidia-smi), else the
-cluster's metrics_url (a DCGM exporter or a Prometheus; clusters/gpu_metrics.py says what it is
+Where utilization comes from: the same source as the GPU telemetry (telemetry.py: the cluster's
+Prometheus, its backend's own, or its metrics_url; clusters/gpu_metrics.py says what it is
 matched on). A job is idle when the busiest of its GPUs is under the threshold and every one of
 its GPUs was sampled; busy, or with no sample, its stretch ends (Job.gpu_idle_since and
 gpu_idle_flagged_at go back to null): what was not seen is never counted as idle. A cluster that
@@ -22,24 +22,16 @@ from django.db import transaction
 from django.utils import timezone
 
 from clusters.backends.base import BackendError, GpuSample
-from clusters.gpu_metrics import (
-    DCGM_METRICS,
-    GpuMetricsError,
-    dcgm_job_samples,
-    fetch_metrics,
-    parse_prometheus_text,
-)
-from clusters.models import Cluster
-from clusters.services import backend_of
+from clusters.gpu_metrics import GpuMetricsError
 from jobs.models import Job, JobState
 from jobs.services.cancel import job_cancel
+from jobs.services.telemetry import cluster_gpu_samples
 from portal.core.services import audit_record
 from tenants.mail import mail_on_commit
 
 log = logging.getLogger("jobs.services")
 
 CANCEL_REASON = "idle_gpus"
-METRICS_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -57,16 +49,6 @@ class IdleReport:
     def as_dict(self) -> dict:
         """Plain JSON-able data, as the task returns it."""
         return asdict(self)
-
-
-def cluster_gpu_samples(*, cluster: Cluster, backend_ids: list[str]) -> dict[str, GpuSample]:
-    """Per-job utilization on one cluster: the backend's, or, where it answers {}, the cluster's
-    metrics_url. Raises BackendError or GpuMetricsError when the source cannot be read."""
-    samples = backend_of(cluster).gpu_utilization(backend_ids)
-    if samples or not cluster.metrics_url:
-        return samples
-    text = fetch_metrics(cluster.metrics_url, timeout_s=METRICS_TIMEOUT_S)
-    return dcgm_job_samples(parse_prometheus_text(text, names=DCGM_METRICS), backend_ids)
 
 
 def jobs_watch_idle(*, dry_run: bool | None = None) -> IdleReport:

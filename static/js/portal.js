@@ -1,4 +1,4 @@
-/* The portal's own script: draws the usage chart, keeps a followed log scrolled to its end,
+/* The portal's own script: draws the usage chart and a job's GPU charts, keeps a followed log scrolled to its end,
    announces a job's state changes to screen readers, and says so when a live update fails.
    Every page works without it; htmx (static/vendor/htmx) does the live swaps. */
 (function () {
@@ -12,6 +12,10 @@
       if (!source) return;
       var data = JSON.parse(source.textContent);
       canvas.dataset.drawn = "1";
+      if (data.kind === "line") {
+        lineChart(canvas, data);
+        return;
+      }
       new window.Chart(canvas, {
         type: "bar",
         data: {
@@ -32,6 +36,35 @@
           },
         },
       });
+    });
+  }
+
+  // A job's GPU figure over time: one line per series (mean, least busy and busiest GPU, …).
+  var LINE_COLOURS = ["#2f6fbd", "#8aa9cf", "#b35c00"];
+  function lineChart(canvas, data) {
+    new window.Chart(canvas, {
+      type: "line",
+      data: {
+        labels: data.labels,
+        datasets: data.series.map(function (series, i) {
+          return {
+            label: series.label, data: series.values, borderColor: LINE_COLOURS[i % LINE_COLOURS.length],
+            backgroundColor: LINE_COLOURS[i % LINE_COLOURS.length], borderWidth: i === 0 ? 2 : 1,
+            pointRadius: data.labels.length > 60 ? 0 : 2, spanGaps: false, tension: 0.2,
+          };
+        }),
+      },
+      options: {
+        responsive: true,
+        maintainAspectRatio: false,
+        animation: false,
+        interaction: { mode: "index", intersect: false },
+        plugins: { legend: { display: data.series.length > 1, labels: { boxWidth: 10, color: "#57606a" } } },
+        scales: {
+          y: { beginAtZero: true, max: data.max || undefined, title: { display: true, text: data.unit, color: "#57606a" }, ticks: { color: "#57606a", maxTicksLimit: 6 }, grid: { color: "#e4e9ef" } },
+          x: { grid: { display: false }, ticks: { color: "#57606a", maxRotation: 0, autoSkip: true, maxTicksLimit: 6 } },
+        },
+      },
     });
   }
 

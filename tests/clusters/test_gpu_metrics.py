@@ -1,5 +1,6 @@
-"""clusters/gpu_metrics.py: nvidia-smi's CSV read from the real captures of an H200
-(tests/fixtures/nvidia-smi/h200), and DCGM exporter text matched to Slurm and Kubernetes jobs."""
+"""clusters/gpu_metrics.py: nvidia-smi's CSV and NVML's figures read from the real captures of an
+H200 (tests/fixtures/nvidia-smi/h200), and DCGM exporter series matched to Slurm and Kubernetes
+jobs. Through a real Prometheus: tests/monitoring/test_prometheus_stack.py."""
 
 import math
 import re
@@ -9,13 +10,16 @@ import pytest
 
 from clusters.backends.base import GpuSample
 from clusters.backends.local.backend import parse_nvidia_smi_list
+from clusters.backends.local.gpus import nvml_reading
 from clusters.gpu_metrics import (
     COMPUTE_APPS_FIELDS,
+    DCGM_METRICS,
     QUERY_COMPUTE_APPS_ARGS,
     QUERY_GPU_ARGS,
     GpuMetricsError,
     GpuReading,
     dcgm_job_samples,
+    dcgm_promql,
     fetch_metrics,
     parse_compute_apps,
     parse_prometheus_text,
@@ -46,7 +50,7 @@ def test_query_gpu_of_an_idle_h200():
     assert parse_query_gpu(fixture("query-gpu-idle.csv")) == [
         GpuReading(
             index=0, uuid=H200_UUID, name="NVIDIA H200", utilization_pct=0.0,
-            memory_used_mib=0.0, memory_total_mib=143771.0,
+            memory_used_mib=0.0, memory_total_mib=143771.0, temperature_c=40.0, power_w=126.52,
         )
     ]  # fmt: skip
 
@@ -55,6 +59,7 @@ def test_query_gpu_of_a_busy_h200():
     [gpu] = parse_query_gpu(fixture("query-gpu-busy.csv"))
     assert (gpu.index, gpu.uuid, gpu.name) == (0, H200_UUID, "NVIDIA H200")
     assert (gpu.utilization_pct, gpu.memory_used_mib, gpu.memory_total_mib) == (100.0, 1011.0, 143771.0)
+    assert (gpu.temperature_c, gpu.power_w, gpu.xid) == (65.0, 692.1, None)
 
 
 def test_the_busy_csv_agrees_with_nvidia_smis_own_xml_of_the_same_load():
@@ -65,6 +70,8 @@ def test_the_busy_csv_agrees_with_nvidia_smis_own_xml_of_the_same_load():
     assert gpu.findtext("uuid") == reading.uuid
     assert gpu.findtext("utilization/gpu_util") == f"{reading.utilization_pct:.0f} %"
     assert gpu.findtext("fb_memory_usage/used") == f"{reading.memory_used_mib:.0f} MiB"
+    # Read a moment apart during the same load: within a degree.
+    assert abs(float(gpu.findtext("temperature/gpu_temp").split()[0]) - reading.temperature_c) <= 1
     assert gpu.findtext("processes/process_info/pid") == "415"
 
 
@@ -128,7 +135,25 @@ def test_samples_by_index_maps_a_jobs_gpus_to_their_readings():
     readings = parse_query_gpu(fixture("query-gpu-busy.csv"))
     samples = samples_by_index({"local-1": [0], "local-2": [1], "local-3": []}, readings)
     # GPU 1 is not on this one-GPU machine: that job is unknown, not idle.
-    assert samples == {"local-1": GpuSample("local-1", gpus=1, min_pct=100.0, max_pct=100.0)}
+    assert samples == {
+        "local-1": GpuSample(
+            "local-1", gpus=1, min_pct=100.0, max_pct=100.0, mean_pct=100.0, memory_used_mib=1011.0,
+            memory_total_mib=143771.0, temperature_c=65.0, power_w=692.1, xid=None,
+        )
+    }  # fmt: skip
+    assert samples["local-1"].memory_used_pct == pytest.approx(0.703, abs=0.001)
+
+
+def test_a_jobs_sample_spans_and_sums_its_gpus_and_leaves_out_a_figure_one_gpu_lacks():
+    readings = [
+        GpuReading(0, "GPU-a", "NVIDIA H200", 90.0, 1000.0, 143771.0, temperature_c=60.0, power_w=500.0),
+        GpuReading(1, "GPU-b", "NVIDIA H200", 30.0, 3000.0, 143771.0, temperature_c=71.0, power_w=None),
+    ]
+    sample = samples_by_index({"local-9": [0, 1]}, readings)["local-9"]
+    assert (sample.gpus, sample.min_pct, sample.max_pct, sample.mean_pct) == (2, 30.0, 90.0, 60.0)
+    assert (sample.memory_used_mib, sample.memory_total_mib) == (4000.0, 287542.0)
+    assert sample.temperature_c == 71.0  # the hottest
+    assert sample.power_w is None  # not a sum over only some of the GPUs
 
 
 def test_samples_by_index_leaves_out_a_job_with_a_gpu_without_a_value():
@@ -183,19 +208,18 @@ def test_prometheus_text_escapes_special_values_and_spacing():
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ('DCGM_FI_DEV_GPU_UTIL{gpu="0"}', "expected a value"),
-        ('DCGM_FI_DEV_GPU_UTIL{gpu="0"} high', "value 'high' is not a number"),
-        ('DCGM_FI_DEV_GPU_UTIL{gpu="0} 1', "bad label"),
-        ("DCGM_FI_DEV_GPU_UTIL{gpu=0} 1", "bad label"),
-        ('DCGM_FI_DEV_GPU_UTIL{gpu="0"}1', "expected a value"),
-        ('DCGM_FI_DEV_GPU_UTIL{gpu="0"} 1 2 3', "expected a value"),
-        ('DCGM_FI_DEV_GPU_UTIL{gpu="0"} 1 yesterday', "timestamp"),
-        ("DCGM_FI_DEV_GPU_UTIL 1_000", "not a number"),
-        ("<html><body>502 Bad Gateway</body></html>", "no metric name"),
+        # What prometheus_client's parser says; the line number is ours.
+        ('DCGM_FI_DEV_GPU_UTIL{gpu="0"}', "could not convert string to float: ''"),
+        ('DCGM_FI_DEV_GPU_UTIL{gpu="0"} high', "could not convert string to float: 'high'"),
+        ('DCGM_FI_DEV_GPU_UTIL{gpu="0} 1', "could not convert"),
+        ("DCGM_FI_DEV_GPU_UTIL{gpu=0} 1", "Invalid labels"),
+        ('DCGM_FI_DEV_GPU_UTIL{gpu="0"} 1 yesterday', "'yesterday'"),
+        ("DCGM_FI_DEV_GPU_UTIL 1_000", "Invalid value"),
+        ("<html><body>502 Bad Gateway</body></html>", "invalid metric name"),
     ],
 )
 def test_a_malformed_line_makes_the_answer_unreadable_with_its_line_number(line, message):
-    with pytest.raises(GpuMetricsError, match=message) as raised:
+    with pytest.raises(GpuMetricsError, match=re.escape(message)) as raised:
         parse_prometheus_text(EXPOSITION + line + "\n")
     assert "metrics line 11" in str(raised.value)
 
@@ -203,8 +227,9 @@ def test_a_malformed_line_makes_the_answer_unreadable_with_its_line_number(line,
 def test_dcgm_slurm_jobs_by_hpc_job_label():
     samples = dcgm_job_samples(parse_prometheus_text(EXPOSITION), ["4242", "4243", "9999"])
     assert samples == {
-        "4242": GpuSample("4242", gpus=2, min_pct=0.0, max_pct=3.0),
-        "4243": GpuSample("4243", gpus=1, min_pct=97.0, max_pct=97.0),
+        # 4242's FB_USED without FB_FREE: no memory figure rather than a wrong one.
+        "4242": GpuSample("4242", gpus=2, min_pct=0.0, max_pct=3.0, mean_pct=1.5),
+        "4243": GpuSample("4243", gpus=1, min_pct=97.0, max_pct=97.0, mean_pct=97.0),
     }  # 9999 is not on this exporter: left out; the GPU without hpc_job belongs to no job
 
 
@@ -219,9 +244,9 @@ DCGM_FI_DEV_GPU_UTIL{{{NODE.format(gpu=3)},exported_container="main",exported_na
     wanted = [f"protein-lab/{job}", "md-team/pj-md", "other-team/pj-else"]
     samples = dcgm_job_samples(parse_prometheus_text(text), wanted)
     assert samples == {
-        f"protein-lab/{job}": GpuSample(f"protein-lab/{job}", gpus=2, min_pct=2.0, max_pct=4.0),
+        f"protein-lab/{job}": GpuSample(f"protein-lab/{job}", gpus=2, min_pct=2.0, max_pct=4.0, mean_pct=3.0),
         # Read through a Prometheus that renamed the pod's labels; an indexed Job's pod.
-        "md-team/pj-md": GpuSample("md-team/pj-md", gpus=1, min_pct=55.0, max_pct=55.0),
+        "md-team/pj-md": GpuSample("md-team/pj-md", gpus=1, min_pct=55.0, max_pct=55.0, mean_pct=55.0),
     }
 
 
@@ -236,9 +261,57 @@ DCGM_FI_DEV_GPU_UTIL{{{NODE.format(gpu=2)},hpc_job="79"}} 40
 DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{NODE.format(gpu=2)},hpc_job="79"}} 0.9
 """
     samples = dcgm_job_samples(parse_prometheus_text(text), ["77", "78", "79"])
-    assert samples["77"] == GpuSample("77", gpus=2, min_pct=0.0, max_pct=2.0)
+    assert samples["77"] == GpuSample("77", gpus=2, min_pct=0.0, max_pct=2.0, mean_pct=1.0)
     assert "78" not in samples  # DCGM's blank value: no reading, so no sample
-    assert samples["79"] == GpuSample("79", gpus=1, min_pct=40.0, max_pct=40.0)  # GPU_UTIL wins
+    assert samples["79"] == GpuSample(
+        "79", gpus=1, min_pct=40.0, max_pct=40.0, mean_pct=40.0
+    )  # GPU_UTIL wins
+
+
+def test_dcgm_every_field_of_an_h200_job_from_the_capture():
+    """The busy H200 capture as dcgm-exporter would serve it, for a two-GPU Slurm job."""
+    [busy] = parse_query_gpu(fixture("query-gpu-busy.csv"))
+    free = busy.memory_total_mib - busy.memory_used_mib
+    lines = []
+    for gpu, xid in ((0, 0), (1, 79)):
+        labels = f'{NODE.format(gpu=gpu)},hpc_job="4300"'
+        lines += [
+            f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} {busy.utilization_pct - gpu * 40}",
+            f"DCGM_FI_DEV_FB_USED{{{labels}}} {busy.memory_used_mib}",
+            f"DCGM_FI_DEV_FB_FREE{{{labels}}} {free}",
+            f"DCGM_FI_DEV_GPU_TEMP{{{labels}}} {busy.temperature_c + gpu}",
+            f"DCGM_FI_DEV_POWER_USAGE{{{labels}}} {busy.power_w}",
+            f"DCGM_FI_DEV_XID_ERRORS{{{labels}}} {xid}",
+            f"DCGM_FI_DEV_MEMORY_TEMP{{{labels}}} 9223372036854775794",  # not read
+        ]
+    [sample] = dcgm_job_samples(parse_prometheus_text("\n".join(lines) + "\n"), ["4300"]).values()
+    assert (sample.gpus, sample.min_pct, sample.max_pct, sample.mean_pct) == (2, 60.0, 100.0, 80.0)
+    assert (sample.memory_used_mib, sample.memory_total_mib) == (2022.0, 287542.0)
+    assert (sample.temperature_c, sample.power_w, sample.xid) == (66.0, 1384.2, 79)
+
+
+def test_dcgm_blank_sentinels_of_a_field_leave_that_figure_out():
+    labels = f'{NODE.format(gpu=0)},hpc_job="4301"'
+    text = f"""\
+DCGM_FI_DEV_GPU_UTIL{{{labels}}} 12
+DCGM_FI_DEV_GPU_TEMP{{{labels}}} 9223372036854775794
+DCGM_FI_DEV_POWER_USAGE{{{labels}}} NaN
+DCGM_FI_DEV_FB_USED{{{labels}}} 100
+DCGM_FI_DEV_FB_FREE{{{labels}}} -1
+"""
+    [sample] = dcgm_job_samples(parse_prometheus_text(text), ["4301"]).values()
+    assert sample.mean_pct == 12.0
+    assert (sample.temperature_c, sample.power_w, sample.memory_total_mib) == (None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("slug", "expected"),
+    [("testbed", 'cluster="testbed"'), ('we"ird\\', 'cluster="we\\"ird\\\\"')],
+)
+def test_the_promql_selects_every_dcgm_field_of_one_cluster(slug, expected):
+    query = dcgm_promql(slug)
+    assert query.endswith(expected + "}")
+    assert all(name in query for name in DCGM_METRICS)
 
 
 def test_fetch_refuses_other_schemes_and_reports_an_unreachable_url():
@@ -257,3 +330,27 @@ def test_a_metrics_url_with_credentials_never_shows_them():
     with pytest.raises(GpuMetricsError) as refused:
         fetch_metrics("ftp://scraper:s3cret@127.0.0.1/metrics")
     assert "s3cret" not in str(refused.value)
+
+
+# --- NVML (the local cluster's first source; tests/jobs/test_idle_gpus.py reads nvidia-smi where
+# NVML cannot start, as on this machine, and the real H200 run is in docs/monitoring-h200.md)
+
+
+def test_nvml_figures_read_in_nvidia_smis_units_from_the_pynvml_capture():
+    # pynvml-busy.txt: "util <gpu %> <memory %> mem <used bytes> <total bytes> temp <°C> name <name>"
+    words = fixture("pynvml-busy.txt").split()
+    reading = nvml_reading(
+        0,
+        uuid=H200_UUID.encode(),  # older pynvml answers bytes
+        name=" ".join(words[9:11]),
+        utilization_pct=int(words[1]),
+        memory_used_bytes=int(words[4]),
+        memory_total_bytes=int(words[5]),
+        temperature_c=int(words[7]),
+        power_mw=692100,
+    )
+    [smi] = parse_query_gpu(fixture("query-gpu-busy.csv"))
+    assert (reading.uuid, reading.name) == (smi.uuid, smi.name)
+    assert reading.memory_total_mib == smi.memory_total_mib == 143771.0  # the same card, in MiB
+    assert (reading.utilization_pct, reading.memory_used_mib, reading.temperature_c) == (100.0, 1625.9, 63.0)
+    assert reading.power_w == 692.1

@@ -339,10 +339,14 @@ def test_local_backend_maps_each_jobs_gpu_indexes_to_nvidia_smi(tmp_path, monkey
         monkeypatch.setenv("NVIDIA_SMI_REPLAY", "busy")
         # GPU 1 is not on the captured machine: that job has no sample rather than a made-up one.
         assert backend.gpu_utilization([first, second, "local-99"]) == {
-            first: GpuSample(first, 1, 100.0, 100.0)
+            first: GpuSample(
+                first, 1, 100.0, 100.0, 100.0, 1011.0, 143771.0, temperature_c=65.0, power_w=692.1
+            )
         }
         monkeypatch.setenv("NVIDIA_SMI_REPLAY", "idle")
-        assert backend.gpu_utilization([first]) == {first: GpuSample(first, 1, 0.0, 0.0)}
+        assert backend.gpu_utilization([first]) == {
+            first: GpuSample(first, 1, 0.0, 0.0, 0.0, 0.0, 143771.0, temperature_c=40.0, power_w=126.52)
+        }
         assert backend.gpu_utilization(["local-99"]) == {}
 
         monkeypatch.setenv("NVIDIA_SMI_REPLAY", "nodriver")

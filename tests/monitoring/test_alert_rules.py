@@ -53,7 +53,9 @@ def test_a_recording_is_read_only_after_it_within_its_own_group():
     # Prometheus evaluates groups concurrently (and promtool in a random order): a rule that read
     # a recording of another group would see the previous evaluation's value, or none at first.
     groups = yaml.safe_load(RULES.read_text())["groups"]
-    recorded_in = {rule["record"]: group["name"] for group in groups for rule in group["rules"] if "record" in rule}
+    recorded_in = {
+        rule["record"]: group["name"] for group in groups for rule in group["rules"] if "record" in rule
+    }
     for group in groups:
         seen = set()
         for rule in group["rules"]:

@@ -65,7 +65,13 @@ def parse_nvidia_smi_list(text: str) -> list[tuple[int, str]]:
 
 
 def detect_gpus(nvidia_smi: str = "nvidia-smi") -> list[int]:
-    """Indexes of this machine's GPUs; [] when nvidia-smi is missing, fails or hangs."""
+    """Indexes of this machine's GPUs: NVML's count, or where NVML cannot start, `nvidia-smi -L`'s
+    GPUs; [] when neither is there (or nvidia-smi fails or hangs)."""
+    from clusters.backends.local.gpus import gpu_indexes_nvml  # the telemetry helper, kept apart
+
+    indexes = gpu_indexes_nvml()
+    if indexes is not None:
+        return indexes
     path = shutil.which(nvidia_smi)
     if path is None:
         return []
@@ -78,7 +84,7 @@ def detect_gpus(nvidia_smi: str = "nvidia-smi") -> list[int]:
 
 @functools.cache
 def _machine_gpus(nvidia_smi: str) -> tuple[int, ...]:
-    # GPUs do not come and go while a worker lives: ask nvidia-smi once per process.
+    # GPUs do not come and go while a worker lives: ask NVML (or nvidia-smi) once per process.
     return tuple(detect_gpus(nvidia_smi))
 
 
@@ -570,10 +576,11 @@ class LocalBackend(base.Backend):
         return None
 
     def gpu_utilization(self, backend_ids: list[str]) -> dict[str, base.GpuSample]:
-        """The GPUs of each running job, from one nvidia-smi call: a job holds the GPU indexes it
-        was started with (its CUDA_VISIBLE_DEVICES, in nvidia-smi's PCI bus order). {} when none of
-        these jobs runs or there is no nvidia-smi; a job with a GPU that nvidia-smi did not report
-        is left out; BackendUnavailable when nvidia-smi hangs."""
+        """The GPUs of each running job, from one reading of this machine's GPUs (NVML, else
+        nvidia-smi: gpus.py): a job holds the GPU indexes it was started with (its
+        CUDA_VISIBLE_DEVICES, in PCI bus order). {} when none of these jobs runs or there is
+        neither; a job with a GPU that was not reported is left out; BackendUnavailable when
+        nvidia-smi hangs or NVML fails."""
         from clusters.backends.local.gpus import job_samples  # the telemetry helper, kept apart
 
         # Read without the lock: write_json replaces alloc.json whole, and nothing here changes it.
