@@ -232,7 +232,10 @@ def _gpu_context(job: Job) -> dict:
     samples = gpu_samples_of(job)
     if not samples:
         return {"gpu_samples": []}
-    labels = [timezone.localtime(sample.at).strftime("%m-%d %H:%M") for sample in samples]
+    # A short run's readings are seconds apart; a long one's span days.
+    short = samples[-1].at - samples[0].at < timedelta(hours=2)
+    shape = "%H:%M:%S" if short else "%m-%d %H:%M"
+    labels = [timezone.localtime(sample.at).strftime(shape) for sample in samples]
 
     def chart(key: str, title: str, unit: str, series: dict[str, str], maximum: float | None = None) -> dict:
         return {

@@ -28,10 +28,10 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from tests.conftest import ROOT, die_with_parent, free_port, stop
+from tests.http_support import Answer, Request, loopback_server
 from tests.wait_support import wait_until
 
 PROM_DIR = ROOT / "deploy" / "prometheus"
@@ -152,30 +152,14 @@ def dcgm_exporter(gpus: list[Gpu]) -> Iterator[DcgmExporter]:
     """The exporter on 127.0.0.1 (a port of its own), `GET /metrics`, until the block ends."""
     exporter = DcgmExporter(gpus=gpus)
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            if urllib.parse.urlsplit(self.path).path != "/metrics":
-                self.send_error(404)
-                return
-            body = exporter.exposition().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def answer(request: Request) -> Answer:
+        if request.path != "/metrics":
+            return 404, "text/plain", b"not found\n"
+        return 200, "text/plain; version=0.0.4; charset=utf-8", exporter.exposition().encode()
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    exporter.address = f"127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with loopback_server(answer) as address:
+        exporter.address = address
         yield exporter
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 # --- The shipped configurations, filled in

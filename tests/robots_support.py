@@ -6,12 +6,11 @@ included, and how it takes a refusal. The vendors' servers cannot be reached fro
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
+
+from tests.http_support import Answer, Request, loopback_server
 
 
 @dataclass
@@ -37,36 +36,12 @@ class RobotEndpoint:
 def robot_endpoint() -> Iterator[RobotEndpoint]:
     endpoint = RobotEndpoint(url="")
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            length = min(int(self.headers.get("Content-Length", 0)), 1 << 20)
-            parts = urlsplit(self.path)
-            endpoint.received.append(
-                Received(
-                    path=parts.path,
-                    query={k: v[0] for k, v in parse_qs(parts.query).items()},
-                    headers=dict(self.headers.items()),
-                    body=self.rfile.read(length),
-                )
-            )
-            index = min(len(endpoint.received), len(endpoint.answers)) - 1
-            status, answer = endpoint.answers[index]
-            body = json.dumps(answer).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def answer(request: Request) -> Answer:
+        endpoint.received.append(Received(request.path, request.query, request.headers, request.body))
+        index = min(len(endpoint.received), len(endpoint.answers)) - 1
+        status, body = endpoint.answers[index]
+        return status, "application/json", json.dumps(body).encode()
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    endpoint.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with loopback_server(answer) as address:
+        endpoint.url = f"http://{address}"
         yield endpoint
-    finally:
-        server.shutdown()
-        server.server_close()

@@ -3,11 +3,9 @@ second window. Utilization comes from a real DCGM-exporter text served on loopba
 and, for the local backend, from nvidia-smi replaying the real output of an H200."""
 
 import json
-import threading
 import time
 from datetime import timedelta
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,7 @@ from jobs.tasks import watch_idle_gpus
 from portal.core.models import AuditEvent
 from tests.conftest import ROOT
 from tests.factories import JobFactory
+from tests.http_support import Answer, Request, loopback_server
 
 # Stands in for nvidia-smi on this GPU-less machine: it prints the real captures of an H200
 # (tests/fixtures/nvidia-smi/h200) for the exact arguments the local backend runs;
@@ -46,27 +45,13 @@ class Exporter:
 def exporter():
     state = Exporter()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            state.requests += 1
-            body = state.body.encode()
-            self.send_response(state.status)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def answer(request: Request) -> Answer:
+        state.requests += 1
+        return state.status, "text/plain; version=0.0.4; charset=utf-8", state.body.encode()
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    yield state
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=5)
+    with loopback_server(answer) as address:
+        state.url = f"http://{address}/metrics"
+        yield state
 
 
 def exposition(jobs: dict[str, list[float]]) -> str:
