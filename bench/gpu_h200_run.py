@@ -34,23 +34,23 @@ PORT = 8642
 BASE = f"http://127.0.0.1:{PORT}"
 
 TRAIN = '''\
-"""A small transformer language model trained on random tokens in bf16: real kernels, real memory."""
+"""A small transformer language model trained on random tokens in bf16: real kernels, real memory.
+After a few steps it takes more of the GPU's memory, as a larger batch would, up to --memory-pct
+of the card (so that the memory alert's threshold is crossed by a real run)."""
 import argparse, time
 import torch
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--seconds", type=float, default=90)
-parser.add_argument("--memory-gib", type=float, default=60)
+parser.add_argument("--memory-pct", type=float, default=93)
 args = parser.parse_args()
 device = torch.device("cuda")
 print("device", torch.cuda.get_device_name(device), flush=True)
-# Hold the memory a large batch's activations would: the framebuffer fills as in real training.
-ballast = torch.empty(int(args.memory_gib * (1 << 30)), dtype=torch.uint8, device=device)
 layer = torch.nn.TransformerEncoderLayer(d_model=2048, nhead=16, dim_feedforward=8192, batch_first=True)
 model = torch.nn.Sequential(torch.nn.Embedding(32000, 2048), torch.nn.TransformerEncoder(layer, 8),
                             torch.nn.Linear(2048, 32000)).to(device=device, dtype=torch.bfloat16)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-start, step = time.monotonic(), 0
+start, step, ballast = time.monotonic(), 0, None
 while time.monotonic() - start < args.seconds:
     tokens = torch.randint(0, 32000, (16, 512), device=device)
     logits = model(tokens)
@@ -59,6 +59,12 @@ while time.monotonic() - start < args.seconds:
     loss.backward()
     optimizer.step()
     step += 1
+    if step == 20 and ballast is None:
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        size = max(0, int(free - total * (1 - args.memory_pct / 100)))
+        ballast = torch.empty(size, dtype=torch.uint8, device=device)
+        print(f"holding {size / 2**30:.1f} GiB more: {100 * (1 - torch.cuda.mem_get_info()[0] / total):.1f}% used", flush=True)
     if step % 50 == 0:
         torch.cuda.synchronize()
         print(f"step {step} loss {loss.item():.3f} t {time.monotonic() - start:.0f}s", flush=True)
@@ -146,6 +152,7 @@ def main() -> None:
     django.setup()
     from clusters.backends.local.backend import detect_gpus
     from clusters.backends.local.gpus import gpu_indexes_nvml, read_gpus
+    from clusters.gpu_metrics import QUERY_GPU_ARGS
     from clusters.models import Cluster, Partition
     from jobs.models import Job, JobGpuSample
 
@@ -203,7 +210,6 @@ def main() -> None:
              "parameters": {"script": "train.py", "args": ["--seconds", f"{args.train_seconds:g}"]}},
         )  # fmt: skip
         print("submitted", train["id"])
-        state_dir = var / "clusters" / "local"
         job = Job.objects.get(pk=train["id"])
 
         def folder() -> Path | None:
@@ -212,7 +218,7 @@ def main() -> None:
 
         job_dir = wait("the training job's folder", folder, 120)
         (job_dir / "train.py").write_text("import time; time.sleep(20)\n" if args.rehearse else TRAIN)
-        print("train.py written to", job_dir, "(state under", state_dir, ")")
+        print("train.py written to", job_dir)
 
         def ended(job_id: int) -> bool:
             return api(f"/api/v1/jobs/{job_id}/", token)["state"] in {
@@ -223,10 +229,19 @@ def main() -> None:
                 "REJECTED",
             }
 
+        smi_busy = ""  # nvidia-smi's own query while the job trains, beside NVML's
         deadline = time.monotonic() + args.idle_seconds + args.train_seconds + 240
         while time.monotonic() < deadline and not ended(train["id"]):
             if not args.rehearse:
                 nvml.append(nvml_reading())
+                busy = (
+                    nvml[-1]["utilization_pct"] >= 90
+                    and nvml[-1]["memory_used_mib"] > 0.85 * nvml[-1]["memory_total_mib"]
+                )
+                if busy and not smi_busy and (smi := shutil.which("nvidia-smi")):
+                    smi_busy = subprocess.run(
+                        [smi, *QUERY_GPU_ARGS], capture_output=True, text=True, check=False
+                    ).stdout
             time.sleep(1)
         answers = {
             key: {
@@ -241,6 +256,7 @@ def main() -> None:
         query = subprocess.run([smi, "--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader"],
                                capture_output=True, text=True, check=False).stdout if smi else ""  # fmt: skip
         capture = {"gpu": query.strip(), "nvml_gpus": nvml_gpus, "nvml_1s": nvml, "portal": answers}
+        capture["query_gpu_training"] = smi_busy
         (args.out / "h200-run.json").write_text(json.dumps(capture, indent=1))
         rows = JobGpuSample.objects.filter(job_id=train["id"])
         print("train job:", answers["train"]["job"]["state"], "exit", answers["train"]["job"]["exit_code"])

@@ -8,8 +8,10 @@ caller (the GPU sampler, the idle-GPU sweep) reports the one cluster and goes on
 
 A job's sample (clusters.backends.base.GpuSample) sums or spans its GPUs: utilization lowest,
 highest and mean; framebuffer used and total (used + free) summed; the hottest GPU's
-temperature; power summed; the highest XID error code any of them reports (0: none). A figure
-that not every GPU of the job reports is None rather than a sum over some of them.
+temperature; power summed; the highest XID error code any of them reports (0: none; through
+Prometheus only an XID new in the last XID_WINDOW, from an exposition DCGM's last one, which it
+keeps until the next). A figure that not every GPU read reports is None rather than a sum over
+some of them.
 
 What the DCGM matching relies on (dcgm-exporter's own field and label names):
 
@@ -35,6 +37,7 @@ What the DCGM matching relies on (dcgm-exporter's own field and label names):
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import re
@@ -258,6 +261,7 @@ DCGM_FIELDS: dict[str, tuple[float, float]] = {
     DCGM_XID: (0, 1 << 20),
 }
 DCGM_METRICS = tuple(DCGM_FIELDS)  # the names to read from an exposition
+XID_WINDOW = "5m"  # through Prometheus, an XID counts this long after it changed
 # exported_* first: Prometheus renames the exporter's label so when its own target label (the
 # exporter pod's namespace and name) takes the plain name.
 _NAMESPACE_LABELS = ("exported_namespace", "namespace", "pod_namespace")
@@ -287,11 +291,14 @@ def _owner(labels: dict[str, str], wanted: set[str]) -> str | None:
     return next((backend_id for backend_id in backend_ids_named(labels) if backend_id in wanted), None)
 
 
-def dcgm_job_samples(series: Iterable[Series], backend_ids: Iterable[str]) -> dict[str, GpuSample]:
+def dcgm_job_samples(
+    series: Iterable[Series], backend_ids: Iterable[str], *, xid_absent: int | None = None
+) -> dict[str, GpuSample]:
     """A sample for each asked-for job that the exporter's labels name (see the module's
     docstring); jobs it does not name, or none of whose devices reports a utilization, are left
     out. A backend id with a "/" is a Kubernetes one (namespace/Job name); any other is a Slurm
-    job id."""
+    job id. `xid_absent`: a device's XID where no XID series came (dcgm_promql's answer has one
+    only for a new XID, so 0 there)."""
     wanted = set(backend_ids)
     # job → device → {field: value}; a device is one GPU, or one MIG instance of it.
     found: dict[str, dict[tuple[str, str, str], dict[str, float]]] = {}
@@ -311,13 +318,13 @@ def dcgm_job_samples(series: Iterable[Series], backend_ids: Iterable[str]) -> di
         found.setdefault(owner, {}).setdefault(device, {})[sample.name] = sample.value
     samples = {}
     for backend_id, devices in found.items():
-        readings = [reading for fields in devices.values() if (reading := _dcgm_reading(fields))]
+        readings = [reading for fields in devices.values() if (reading := _dcgm_reading(fields, xid_absent))]
         if readings:
             samples[backend_id] = job_sample(backend_id, readings)
     return samples
 
 
-def _dcgm_reading(fields: dict[str, float]) -> GpuReading | None:
+def _dcgm_reading(fields: dict[str, float], xid_absent: int | None) -> GpuReading | None:
     """One device's fields as a reading; None for a device without a utilization."""
     if DCGM_UTIL in fields:
         utilization = fields[DCGM_UTIL]
@@ -335,14 +342,20 @@ def _dcgm_reading(fields: dict[str, float]) -> GpuReading | None:
         memory_total_mib=used + free if used is not None and free is not None else None,
         temperature_c=fields.get(DCGM_TEMP),
         power_w=fields.get(DCGM_POWER),
-        xid=int(fields[DCGM_XID]) if DCGM_XID in fields else None,
+        xid=int(fields[DCGM_XID]) if DCGM_XID in fields else xid_absent,
     )
 
 
-def dcgm_promql(cluster_label: str) -> str:
-    """The one instant query that reads every DCGM field of a cluster's GPUs."""
-    names = "|".join(DCGM_FIELDS)  # plain [A-Z_] names: nothing to escape
-    return f'{{__name__=~"{names}",cluster="{_promql_string(cluster_label)}"}}'
+def dcgm_promql(cluster_label: str) -> tuple[str, str]:
+    """The two instant queries that read every DCGM field of a cluster's GPUs: the fields, and the
+    XIDs. DCGM keeps a GPU's last XID until the next one, so an XID counts only where it changed
+    in the last XID_WINDOW (as the GpuXidError rule has it): an error from before a job started
+    is not that job's. Two queries, since `or` would drop each XID series beside the other fields'
+    (set operators match label sets without the metric's name)."""
+    cluster = f'cluster="{_promql_string(cluster_label)}"'
+    names = "|".join(name for name in DCGM_FIELDS if name != DCGM_XID)  # plain [A-Z_] names
+    xid = f"{DCGM_XID}{{{cluster}}}"
+    return f'{{__name__=~"{names}",{cluster}}}', f"{xid} and changes({xid}[{XID_WINDOW}]) > 0"
 
 
 def _promql_string(value: str) -> str:
@@ -404,11 +417,24 @@ def _get(
         if error_json and exc.headers.get_content_type() == "application/json":
             return detail
         raise GpuMetricsError(f"metrics URL {shown!r}: HTTP {exc.code}: {detail[:200]}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:  # timeouts included
-        raise GpuMetricsError(f"metrics URL {shown!r}: {exc}") from None
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:  # timeouts too
+        # Said by its kind alone: the text of some (InvalidURL) quotes the URL, credentials and all.
+        raise GpuMetricsError(f"metrics URL {shown!r}: {_reason(exc)}") from None
     if len(body) > max_bytes:
         raise GpuMetricsError(f"metrics URL {shown!r} answered more than {max_bytes} bytes")
     return body.decode("utf-8", errors="replace")
+
+
+def _reason(exc: Exception) -> str:
+    """Why a request failed, without the URL: the OS's or socket's reason, else the error's kind."""
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, OSError | TimeoutError):
+        return f"{type(reason).__name__}: {reason.strerror or reason}"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{type(exc).__name__}: {exc.strerror}"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return type(exc).__name__
 
 
 def _without_credentials(url: str) -> str:

@@ -1,5 +1,6 @@
 import re
 from string import Formatter
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, URLValidator
@@ -8,6 +9,18 @@ from django.utils.translation import gettext_lazy as _
 
 from portal.core.fields import EncryptedTextField
 from portal.core.validators import cluster_username_validator, slug_validator
+
+
+def no_credentials_in_url(value: str) -> None:
+    """A telemetry URL is shown to staff and in messages: it may not carry user:password@."""
+    if "@" in urlsplit(value).netloc:
+        raise ValidationError(
+            _("Leave credentials out of the URL (no user:password@): the console and messages show it."),
+            code="credentials",
+        )
+
+
+TELEMETRY_URL_VALIDATORS = [URLValidator(schemes=["http", "https"]), no_credentials_in_url]
 
 
 class Vendor(models.TextChoices):
@@ -182,7 +195,7 @@ class Cluster(models.Model):
     prometheus_url = models.URLField(
         max_length=500,
         blank=True,
-        validators=[URLValidator(schemes=["http", "https"])],
+        validators=TELEMETRY_URL_VALIDATORS,
         help_text=_(
             "Prometheus server (its query API, e.g. http://prometheus:9090) that scrapes the cluster's "
             "DCGM exporters with the job mapping and the label cluster=<this cluster's slug>; blank: none"
@@ -193,7 +206,7 @@ class Cluster(models.Model):
     metrics_url = models.URLField(
         max_length=500,
         blank=True,
-        validators=[URLValidator(schemes=["http", "https"])],
+        validators=TELEMETRY_URL_VALIDATORS,
         help_text=_("Prometheus or DCGM exporter URL with per-job GPU utilization; blank: none"),
     )
     # Health, as the last check saw it.

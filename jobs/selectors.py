@@ -239,27 +239,55 @@ def awaiting_dispatch(now) -> Q:
     return claimable & (Q(dispatch_lease_until__isnull=True) | Q(dispatch_lease_until__lt=now))
 
 
-# The most points a job's GPU charts and GET /jobs/{id}/gpu-samples/ carry: a week of one-minute
-# readings is 10,080; every k-th of them (and always the latest) is plenty for a chart.
+# The most points a job's GPU charts and GET /jobs/{id}/gpu-samples/ carry: 30 days of one-minute
+# readings are 43,200; buckets of consecutive readings, each one point, are plenty for a chart.
 GPU_SAMPLES_SHOWN = 720
+_SAMPLE_FIELDS = (
+    "at", "gpus", "utilization_pct", "utilization_min_pct", "utilization_max_pct", "memory_used_mib",
+    "memory_total_mib", "temperature_c", "power_w", "xid",
+)  # fmt: skip
 
 
 def gpu_samples_of(job: Job, *, limit: int = GPU_SAMPLES_SHOWN) -> list[JobGpuSample]:
-    """The job's GPU readings in time order, thinned to at most `limit` (every k-th, the latest
-    kept). The caller has found the job among those it may see."""
-    samples = list(JobGpuSample.objects.filter(job=job).order_by("at"))
-    if len(samples) <= limit:
-        return samples
-    step = -(-len(samples) // limit)  # ceil
-    thinned = samples[::step]
-    if thinned[-1] is not samples[-1]:
-        thinned[-1] = samples[-1]
-    return thinned
+    """The job's GPU readings in time order. More than `limit` are merged into `limit` buckets of
+    consecutive readings, so that no peak is lost: each at its last reading's time, with the mean
+    utilization and power, the lowest least-busy and highest busiest GPU, the peak memory and
+    temperature and the highest XID. The caller has found the job among those it may see."""
+    rows = list(JobGpuSample.objects.filter(job=job).order_by("at").values_list(*_SAMPLE_FIELDS))
+    if len(rows) <= limit:
+        return [JobGpuSample(job=job, **dict(zip(_SAMPLE_FIELDS, row, strict=True))) for row in rows]
+    size = -(-len(rows) // limit)  # ceil
+    return [_merged(job, rows[start : start + size]) for start in range(0, len(rows), size)]
+
+
+def _merged(job: Job, rows: list[tuple]) -> JobGpuSample:
+    at, gpus, mean, low, high, used, total, temperature, power, xid = zip(*rows, strict=True)
+
+    def present(values: tuple) -> list:
+        return [value for value in values if value is not None]
+
+    def average(values: tuple) -> float | None:
+        return sum(present(values)) / len(present(values)) if present(values) else None
+
+    def peak(values: tuple):
+        return max(present(values), default=None)
+
+    return JobGpuSample(
+        job=job, at=at[-1], gpus=max(gpus), utilization_pct=average(mean), utilization_min_pct=min(low),
+        utilization_max_pct=max(high), memory_used_mib=peak(used), memory_total_mib=peak(total),
+        temperature_c=peak(temperature), power_w=average(power), xid=peak(xid),
+    )  # fmt: skip
+
+
+def gpu_latest_of(job: Job, *, count: int) -> list[JobGpuSample]:
+    """The job's latest readings as they were taken, newest first."""
+    return list(JobGpuSample.objects.filter(job=job).order_by("-at")[:count])
 
 
 def gpu_efficiency_of(jobs: list[Job]) -> dict[int, dict]:
     """Per job (of those given: the caller's visible ones) that has readings: its GPUs' mean
-    utilization over its life so far (`mean_pct`, the GPU efficiency), and its latest reading."""
+    utilization over its kept readings (`mean_pct`, the GPU efficiency: its life so far, or its
+    last GPU_SAMPLE_KEEP_DAYS), how many, and its latest reading."""
     ids = [job.pk for job in jobs]
     if not ids:
         return {}

@@ -6,7 +6,9 @@ shown is active, and stop polling (their re-render carries no trigger) once all 
 
 import re
 from datetime import timedelta
+from itertools import pairwise
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -24,9 +26,10 @@ from jobs import services
 from jobs.filters import JobFilter
 from jobs.forms import JobSubmitForm
 from jobs.job_templates import templates_for
-from jobs.models import Job, JobState, Priority
+from jobs.models import Job, JobGpuSample, JobState, Priority
 from jobs.selectors import (
     gpu_efficiency_of,
+    gpu_latest_of,
     gpu_samples_of,
     job_events_of,
     job_is_own_or_managed,
@@ -213,12 +216,13 @@ def dashboard(request: HttpRequest, slug: str) -> HttpResponse:
         "events": job_events_of(user=request.user, tenant=tenant)[:RECENT_EVENTS],
         "active_query": query.urlencode(),
         "efficiency_rows": _efficiency_rows(list(active.filter(state=JobState.RUNNING)[:DASHBOARD_JOBS])),
+        "gpu_keep_days": settings.GPU_SAMPLE_KEEP_DAYS,
     }
     return render(request, "jobs/dashboard.html", context)
 
 
 def _efficiency_rows(running: list[Job]) -> list[dict]:
-    """Each running job with its GPU efficiency (mean utilization over its life so far) and its
+    """Each running job with its GPU efficiency (mean utilization over its kept readings) and its
     latest reading; a job not read yet shows as such."""
     efficiency = gpu_efficiency_of(running)
     return [{"job": job, **efficiency.get(job.pk, {})} for job in running]
@@ -235,7 +239,15 @@ def _gpu_context(job: Job) -> dict:
     # A short run's readings are seconds apart; a long one's span days.
     short = samples[-1].at - samples[0].at < timedelta(hours=2)
     shape = "%H:%M:%S" if short else "%m-%d %H:%M"
-    labels = [timezone.localtime(sample.at).strftime(shape) for sample in samples]
+    # A stretch without readings (the source did not answer) shows as a gap, not a line across.
+    steps = sorted(later.at - earlier.at for earlier, later in pairwise(samples))
+    gap = steps[len(steps) // 2] * 2.5 if steps else None
+    points: list[JobGpuSample | None] = []
+    for earlier, sample in zip([None, *samples], samples, strict=False):
+        if earlier is not None and gap and sample.at - earlier.at > gap:
+            points.append(None)
+        points.append(sample)
+    labels = [timezone.localtime(point.at).strftime(shape) if point else "" for point in points]
 
     def chart(key: str, title: str, unit: str, series: dict[str, str], maximum: float | None = None) -> dict:
         return {
@@ -246,7 +258,7 @@ def _gpu_context(job: Job) -> dict:
             "max": maximum,
             "labels": labels,
             "series": [
-                {"label": label, "values": [getattr(sample, field) for sample in samples]}
+                {"label": label, "values": [getattr(point, field) if point else None for point in points]}
                 for field, label in series.items()
             ],
         }
@@ -268,7 +280,7 @@ def _gpu_context(job: Job) -> dict:
     return {
         "gpu_samples": samples,
         "gpu_charts": charts,
-        "gpu_recent": samples[-10:][::-1],
+        "gpu_recent": gpu_latest_of(job, count=10),
         "gpu_efficiency": overall.get("mean_pct"),
         "gpu_readings": overall.get("readings", 0),
     }

@@ -309,9 +309,9 @@ DCGM_FI_DEV_FB_FREE{{{labels}}} -1
     [("testbed", 'cluster="testbed"'), ('we"ird\\', 'cluster="we\\"ird\\\\"')],
 )
 def test_the_promql_selects_every_dcgm_field_of_one_cluster(slug, expected):
-    query = dcgm_promql(slug)
-    assert query.endswith(expected + "}")
-    assert all(name in query for name in DCGM_METRICS)
+    fields, xids = dcgm_promql(slug)
+    assert fields.endswith(f"{expected}}}") and xids.count(expected) == 2  # the XID and its changes
+    assert all(name in fields + xids for name in DCGM_METRICS)
 
 
 def test_fetch_refuses_other_schemes_and_reports_an_unreachable_url():

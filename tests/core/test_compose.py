@@ -86,7 +86,18 @@ def test_monitoring_images_are_pinned_and_published_on_loopback_only(name):
     repository, _, tag = service["image"].partition(":")
     assert repository in {"prom/prometheus", "prom/alertmanager", "grafana/grafana-oss"}
     assert re.fullmatch(r"v?\d+\.\d+\.\d+", tag), f"{name}: not a pinned version: {service['image']}"
-    assert service["ports"] and all(port.startswith("127.0.0.1:") for port in service["ports"])
+    assert all(port.startswith("127.0.0.1:") for port in service.get("ports", []))
+
+
+def test_alertmanager_publishes_nothing_and_shares_an_internal_network_with_prometheus_and_web_only():
+    # Whoever reached Alertmanager's API could have it relay made-up alerts with the portal's token.
+    alertmanager = COMPOSE["services"]["alertmanager"]
+    assert "ports" not in alertmanager and alertmanager["networks"] == ["alerts"]
+    assert COMPOSE["networks"]["alerts"] == {"internal": True}
+    on_alerts = {
+        name for name, service in COMPOSE["services"].items() if "alerts" in service.get("networks", [])
+    }
+    assert on_alerts == {"alertmanager", "prometheus", "web"}
 
 
 @pytest.mark.parametrize("name", MONITORING_SERVICES)
@@ -109,11 +120,16 @@ def test_no_secret_is_written_into_the_compose_file():
         assert set(secret) == {"environment"}
 
 
-def test_grafana_wants_a_login_with_a_password_compose_will_not_start_without():
-    environment = COMPOSE["services"]["grafana"]["environment"]
+def test_grafana_wants_a_login_with_a_password_from_a_secret_file_and_will_not_start_without():
+    grafana = COMPOSE["services"]["grafana"]
+    environment = grafana["environment"]
     assert environment["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
     assert environment["GF_USERS_ALLOW_SIGN_UP"] == "false"
-    assert environment["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")
+    assert "GF_SECURITY_ADMIN_PASSWORD" not in environment  # `docker inspect` would show it
+    assert environment["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/secrets/grafana_admin_password"
+    assert COMPOSE["secrets"]["grafana_admin_password"] == {"environment": "GRAFANA_ADMIN_PASSWORD"}
+    check = " ".join(grafana["entrypoint"])
+    assert "test -s /run/secrets/grafana_admin_password" in check and check.endswith("exec /run.sh")
 
 
 def _interpolated(text: str) -> str:

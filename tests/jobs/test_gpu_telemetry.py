@@ -4,19 +4,26 @@ still read; old readings pruned. The local cluster runs a real job and reads nvi
 the real H200 captures (tests/nvidia_smi_replay.sh; NVML cannot start on this GPU-less machine).
 Through a real Prometheus's query API: tests/monitoring/test_prometheus_stack.py."""
 
+import json
 from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.utils import timezone
 
+from clusters.backends.base import GpuSample
+from clusters.gpu_metrics import GpuMetricsError
+from clusters.models import Cluster
 from clusters.services import backend_of
 from jobs.models import Job, JobGpuSample, JobState
 from jobs.selectors import GPU_SAMPLES_SHOWN, gpu_efficiency_of, gpu_samples_of
-from jobs.services import jobs_sample_gpus
+from jobs.services import cluster_gpu_samples, jobs_sample_gpus
+from jobs.services.telemetry import sample_row
 from jobs.tasks import sample_gpus
 from tests.conftest import ROOT
 from tests.factories import JobFactory
+from tests.http_support import Answer, Request, loopback_server
 from tests.local_support import job_spec
 
 REPLAY = ROOT / "tests" / "nvidia_smi_replay.sh"
@@ -109,24 +116,78 @@ def test_readings_older_than_the_kept_days_are_pruned(running_local_job, setting
     assert not JobGpuSample.objects.filter(pk=old.pk).exists()
 
 
-def test_a_long_jobs_readings_are_thinned_for_its_charts_keeping_the_latest(make_job, member):
+def test_a_long_jobs_readings_are_merged_for_its_charts_keeping_every_peak(make_job, member):
     job = make_job(member, state=JobState.RUNNING)
     start = timezone.now() - timedelta(days=2)
     JobGpuSample.objects.bulk_create(
         JobGpuSample(
-            job=job,
-            at=start + timedelta(minutes=i),
-            gpus=1,
-            utilization_pct=i % 100,
-            utilization_min_pct=0,
-            utilization_max_pct=100,
+            job=job, at=start + timedelta(minutes=i), gpus=1, utilization_pct=50,
+            utilization_min_pct=5 if i == 777 else 40, utilization_max_pct=60, memory_used_mib=1000,
+            memory_total_mib=4000, temperature_c=91 if i == 1234 else 60, power_w=500,
+            xid=79 if i == 1501 else 0,
         )
         for i in range(2000)
-    )
+    )  # fmt: skip
     shown = gpu_samples_of(job)
     assert len(shown) <= GPU_SAMPLES_SHOWN
-    assert shown[0].at == start and shown[-1].at == start + timedelta(minutes=1999)
+    assert shown[-1].at == start + timedelta(minutes=1999)  # the latest reading's time
     assert [s.at for s in shown] == sorted(s.at for s in shown)
+    # A spike in one minute of 2000 survives the merge: the XID, the heat, the idle GPU.
+    assert max(s.xid for s in shown) == 79
+    assert max(s.temperature_c for s in shown) == 91
+    assert min(s.utilization_min_pct for s in shown) == 5
+    assert {s.utilization_pct for s in shown} == {50} and {s.memory_used_pct for s in shown} == {25}
+
+
+def test_fewer_gpus_read_than_the_job_holds_leave_memory_and_power_unknown(make_job, member):
+    job = make_job(member, state=JobState.RUNNING, gpus=2)
+    sample = GpuSample("77", 1, 90.0, 90.0, 90.0, 1000.0, 143771.0, temperature_c=70.0, power_w=500.0, xid=0)
+    row = sample_row(job, sample, at=timezone.now())
+    assert (row.gpus, row.utilization_pct, row.temperature_c) == (1, 90.0, 70.0)
+    assert (row.memory_used_mib, row.memory_total_mib, row.power_w) == (None, None, None)
+
+
+def test_a_local_job_that_the_clusters_prometheus_does_not_map_is_read_from_the_backend(
+    running_local_job, local_cluster, monkeypatch
+):
+    """The host's exporter has no job mapping for local jobs: Prometheus answers, but nothing of
+    this job; the local cluster's own reading (nvidia-smi here) is the job's."""
+    empty = json.dumps({"status": "success", "data": {"resultType": "vector", "result": []}}).encode()
+    asked = []
+
+    def prometheus(request: Request) -> Answer:
+        asked.append(request.query.get("query", ""))
+        return 200, "application/json", empty
+
+    monkeypatch.setenv("NVIDIA_SMI_REPLAY", "busy")
+    with loopback_server(prometheus) as address:
+        local_cluster.prometheus_url = f"http://{address}"
+        local_cluster.save()
+        report = jobs_sample_gpus()
+    assert report.sampled == [running_local_job.pk]
+    assert 'cluster="local"' in asked[0]
+    assert JobGpuSample.objects.get(job=running_local_job).temperature_c == 65
+
+
+def test_a_round_out_of_time_reports_the_clusters_it_did_not_reach(running_local_job):
+    report = jobs_sample_gpus(budget_s=0)
+    assert report.errors == {"local": "not reached in this round's time; read next round"}
+    assert not JobGpuSample.objects.exists()
+
+
+def test_a_telemetry_url_with_credentials_is_refused_and_never_shown(local_cluster):
+    for field in ("prometheus_url", "metrics_url"):
+        setattr(local_cluster, field, "http://scraper:s3cret@prometheus.example:9090/")
+        with pytest.raises(ValidationError) as refused:
+            local_cluster.full_clean()
+        assert field in refused.value.message_dict and "s3cret" not in str(refused.value)
+        setattr(local_cluster, field, "")
+    # Saved around the check (an old row, a raw update): the round reports it without the secret.
+    Cluster.objects.filter(pk=local_cluster.pk).update(prometheus_url="http://scraper:s3cret@127.0.0.1/")
+    local_cluster.refresh_from_db()
+    with pytest.raises(GpuMetricsError) as failed:
+        cluster_gpu_samples(cluster=local_cluster, backend_ids=["local-1"])
+    assert "s3cret" not in str(failed.value) and "127.0.0.1" in str(failed.value)
 
 
 # --- GET /jobs/{id}/gpu-samples/
