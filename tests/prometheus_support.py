@@ -37,6 +37,7 @@ from tests.wait_support import wait_until
 PROM_DIR = ROOT / "deploy" / "prometheus"
 RULES = PROM_DIR / "rules" / "portal.rules.yml"
 H200_BUSY = ROOT / "tests" / "fixtures" / "nvidia-smi" / "h200" / "query-gpu-busy.csv"
+H200_RUN = ROOT / "tests" / "fixtures" / "h200-run" / "h200-run.json"
 # Where Prometheus is told to find a portal or an Alertmanager that the test does not run:
 # nothing listens on port 1, so the scrape (or the send) fails at once, on loopback.
 NOWHERE = "127.0.0.1:1"
@@ -93,6 +94,19 @@ def gpus_from_nvidia_smi(path: Path = H200_BUSY) -> list[Gpu]:
                 memory_used_mib=float(used), util_pct=float(util), temp_c=float(temp), power_w=float(power))
         )  # fmt: skip
     return gpus
+
+
+def gpu_of_the_h200_run(index: int) -> Gpu:
+    """The real H200 run's GPU at its fullest moment (tests/fixtures/h200-run/): NVML's reading
+    of the most memory used, while the ai-training job trained."""
+    run = json.loads(H200_RUN.read_text())
+    peak = max(run["nvml_1s"], key=lambda reading: (reading["memory_used_mib"], reading["utilization_pct"]))
+    _index, uuid, model, _total = (cell.strip() for cell in run["gpu"].split(","))
+    return Gpu(
+        index=index, uuid=uuid, model=model, memory_total_mib=peak["memory_total_mib"],
+        memory_used_mib=peak["memory_used_mib"], util_pct=peak["utilization_pct"],
+        temp_c=peak["temperature_c"], power_w=peak["power_w"],
+    )  # fmt: skip
 
 
 # name → (HELP, value of a GPU): dcgm-exporter's default counters that the rules and the portal read.

@@ -2,6 +2,7 @@
 H200 (tests/fixtures/nvidia-smi/h200), and DCGM exporter series matched to Slurm and Kubernetes
 jobs. Through a real Prometheus: tests/monitoring/test_prometheus_stack.py."""
 
+import json
 import math
 import re
 import xml.etree.ElementTree as ET
@@ -354,3 +355,22 @@ def test_nvml_figures_read_in_nvidia_smis_units_from_the_pynvml_capture():
     assert reading.memory_total_mib == smi.memory_total_mib == 143771.0  # the same card, in MiB
     assert (reading.utilization_pct, reading.memory_used_mib, reading.temperature_c) == (100.0, 1625.9, 63.0)
     assert reading.power_w == 692.1
+
+
+# --- The portal's own run on a real H200 (tests/fixtures/h200-run/)
+
+
+def test_nvidia_smis_query_during_the_h200_training_run_agrees_with_the_portals_nvml_readings():
+    run = json.loads((ROOT / "tests" / "fixtures" / "h200-run" / "h200-run.json").read_text())
+    [smi] = parse_query_gpu(run["query_gpu_training"])
+    assert (smi.name, smi.memory_total_mib, smi.utilization_pct) == ("NVIDIA H200", 143771.0, 100.0)
+    training = [s for s in run["portal"]["train"]["gpu_samples"] if s["utilization_pct"] == 100]
+    assert len(training) >= 5
+    # What the portal kept through NVML while the job trained, and nvidia-smi's own figures.
+    assert {s["memory_total_mib"] for s in training} == {smi.memory_total_mib}
+    assert all(
+        abs(s["memory_used_mib"] - smi.memory_used_mib) < 0.01 * smi.memory_total_mib for s in training
+    )
+    assert all(abs(s["temperature_c"] - smi.temperature_c) <= 5 for s in training)
+    assert all(0.85 < s["power_w"] / smi.power_w < 1.2 for s in training)
+    assert {s["memory_used_pct"] for s in training} == {93.0}

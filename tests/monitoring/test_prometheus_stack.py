@@ -27,6 +27,7 @@ from tests.monitoring_support import TOKEN
 from tests.prometheus_support import (
     alertmanager_server,
     dcgm_exporter,
+    gpu_of_the_h200_run,
     gpus_from_nvidia_smi,
     prometheus_server,
 )
@@ -102,8 +103,12 @@ def test_the_shipped_rules_fire_on_a_running_jobs_gpu_and_the_owner_hears_of_it_
     assert node, job.node_list
     gpu.labels = {"Hostname": node, "hpc_job": job.backend_id}
     normal = {"temp_c": gpu.temp_c, "xid": 0}
+    # The node's other GPU as the real H200 run left it while training: 93 % of its memory used.
+    # Its job is none the portal knows (the exporter maps no job to it), so its alert is the platform's.
+    full = gpu_of_the_h200_run(index=1)
+    full.labels = {"Hostname": node}
     with (
-        dcgm_exporter([gpu]) as exporter,
+        dcgm_exporter([gpu, full]) as exporter,
         alertmanager_server(tmp_path / "alertmanager", portal_url=f"http://{portal}", token=HOOK_TOKEN) as am,
         prometheus_server(
             tmp_path / "prometheus", dcgm=exporter.address, cluster=cluster, portal=portal, metrics_token=TOKEN,
@@ -139,6 +144,19 @@ def test_the_shipped_rules_fire_on_a_running_jobs_gpu_and_the_owner_hears_of_it_
         assert (reading.memory_used_mib, reading.memory_total_mib) == (1011, 143771)
         with pytest.raises(GpuMetricsError, match="refused the query: bad_data"):
             query_prometheus(prom.url, "sum(")
+
+        # The real run's memory crosses the 90 % warning (GpuMemoryHigh; its `for:` in seconds here).
+        pct = 100 * full.memory_used_mib / full.memory_total_mib
+        assert 90 <= pct < 95, pct
+        memory = alert_in_portal(AlertStatus.FIRING, name="GpuMemoryHigh")
+        assert (memory.scope, memory.tenant, memory.job, memory.severity) == (
+            AlertScope.PLATFORM,
+            None,
+            None,
+            "warning",
+        )
+        assert memory.summary == f"GPU 1 on {node}: memory {pct:.0f}% used"
+        assert memory.labels["UUID"] == full.uuid
 
         exporter.update(temp_c=86, xid=79)
         firing = {name: alert_in_portal(AlertStatus.FIRING, name=name) for name in FIRED}
