@@ -16,6 +16,7 @@ from monitoring.selectors import alerts_visible_to, channels_of
 from monitoring.serializers import (
     AlertChannelIn,
     AlertChannelOut,
+    AlertChannelPatch,
     AlertDetailOut,
     AlertmanagerMessageIn,
     AlertOut,
@@ -83,10 +84,10 @@ class AlertChannelViewSet(viewsets.GenericViewSet):
     def retrieve(self, request, tenant_slug=None, pk=None):
         return Response(AlertChannelOut(self.channel(pk)).data)
 
-    @extend_schema(request=AlertChannelIn(partial=True), responses=AlertChannelOut)
+    @extend_schema(request=AlertChannelPatch, responses=AlertChannelOut)
     def partial_update(self, request, tenant_slug=None, pk=None):
         channel = self.channel(pk)
-        serializer = AlertChannelIn(channel, data=request.data, partial=True, context={"request": request})
+        serializer = AlertChannelPatch(channel, data=request.data, partial=True, context={"request": request})
         serializer.is_valid(raise_exception=True)
         channel = services.alert_channel_change(
             actor=request.user, channel=channel, **serializer.validated_data

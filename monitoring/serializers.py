@@ -102,10 +102,10 @@ class AlertChannelOut(serializers.ModelSerializer):
 
 class AlertChannelIn(serializers.Serializer):
     name = StrictCharField(max_length=100)
-    kind = serializers.ChoiceField(choices=ChannelKind.values)
+    kind = serializers.ChoiceField(choices=ChannelKind.choices)
     url = StrictCharField(max_length=2000, write_only=True)
     secret = StrictCharField(max_length=500, required=False, allow_blank=True, default="", write_only=True)
-    min_severity = serializers.ChoiceField(choices=Severity.values, required=False, default=Severity.WARNING)
+    min_severity = serializers.ChoiceField(choices=Severity.choices, required=False, default=Severity.WARNING)
     enabled = serializers.BooleanField(required=False, default=True)
 
     def validate(self, data):
@@ -120,3 +120,14 @@ class AlertChannelIn(serializers.Serializer):
                 {"secret": ["A webhook needs a secret to sign its posts with."]}
             )
         return data
+
+
+class AlertChannelPatch(AlertChannelIn):
+    """Any of a channel's fields, the others kept (an empty body changes nothing)."""
+
+    name = StrictCharField(max_length=100, required=False)
+    kind = serializers.ChoiceField(choices=ChannelKind.choices, required=False)
+    url = StrictCharField(max_length=2000, write_only=True, required=False)
+    secret = StrictCharField(max_length=500, required=False, allow_blank=True, write_only=True)
+    min_severity = serializers.ChoiceField(choices=Severity.choices, required=False)
+    enabled = serializers.BooleanField(required=False)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from clusters.gpu_metrics import backend_ids_named
@@ -35,6 +35,7 @@ from monitoring.models import (
     Severity,
 )
 from monitoring.notify import DeliveryError, deliver
+from portal.core.errors import Invalid
 from portal.core.services import audit_record
 from tenants.models import Tenant
 from tenants.selectors import platform_admin_emails, tenant_manager_emails
@@ -239,21 +240,32 @@ def delivery_attempt(*, delivery_id: int) -> bool | None:
 # the URL or the secret)
 
 
+DUPLICATE_CHANNEL_NAME = "Another alert channel of this team has this name."
+
+
 def alert_channel_create(*, actor, tenant: Tenant, **fields) -> AlertChannel:
-    with transaction.atomic():
-        channel = AlertChannel.objects.create(tenant=tenant, created_by=actor, **fields)
-        audit_record(actor=actor, action="alert_channel.create", target=channel, tenant=tenant,
-                     data={"name": channel.name, "kind": channel.kind})  # fmt: skip
+    """A channel of the tenant; a name the tenant already uses is a 400 on `name`."""
+    try:
+        with transaction.atomic():
+            channel = AlertChannel.objects.create(tenant=tenant, created_by=actor, **fields)
+            audit_record(actor=actor, action="alert_channel.create", target=channel, tenant=tenant,
+                         data={"name": channel.name, "kind": channel.kind})  # fmt: skip
+    except IntegrityError:  # alert_channel_name_per_tenant: the one unique rule of a channel
+        raise Invalid({"name": DUPLICATE_CHANNEL_NAME}) from None
     return channel
 
 
 def alert_channel_change(*, actor, channel: AlertChannel, **fields) -> AlertChannel:
-    with transaction.atomic():
-        for name, value in fields.items():
-            setattr(channel, name, value)
-        channel.save()
-        audit_record(actor=actor, action="alert_channel.change", target=channel, tenant=channel.tenant,
-                     data={"fields": sorted(fields)})  # fmt: skip
+    try:
+        with transaction.atomic():
+            for name, value in fields.items():
+                setattr(channel, name, value)
+            channel.save()
+            audit_record(actor=actor, action="alert_channel.change", target=channel, tenant=channel.tenant,
+                         data={"fields": sorted(fields)})  # fmt: skip
+    except IntegrityError:
+        channel.refresh_from_db()
+        raise Invalid({"name": DUPLICATE_CHANNEL_NAME}) from None
     return channel
 
 

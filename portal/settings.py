@@ -468,6 +468,8 @@ SPECTACULAR_SETTINGS = {
         "AlertSeverityEnum": "monitoring.models.Severity",
         "AlertStatusEnum": "monitoring.models.AlertStatus",
         "DeliveryStatusEnum": "monitoring.models.DeliveryStatus",
+        "ChannelKindEnum": "monitoring.models.ChannelKind",
+        "DeliveryKindEnum": "monitoring.models.DeliveryKind",
     },
 }
 

@@ -4,7 +4,8 @@ A positive case is one the schema allows, and the positive_data_acceptance check
 to accept it (2xx, or 401/403/404/409/429). The schema cannot state every rule of the domain: a
 slug must name an object that exists, a job must fit the partition it asks for, `to` may not be
 more than 366 days after `from`, an approval may lower the requested figures but not raise them,
-and a password must be right. A random positive case breaks such a rule almost always and is
+a password must be right, and an alert channel's URL must be on its robot's host and resolve to
+a public address. A random positive case breaks such a rule almost always and is
 refused with a 400 that is the API's correct answer, not a finding.
 
 So each positive case of those operations is completed here with what the stack really holds
@@ -21,6 +22,7 @@ import itertools
 import json
 import os
 import re
+import secrets
 import threading
 import time
 import urllib.error
@@ -220,6 +222,24 @@ def token(case, body: dict) -> None:
     body |= refs()["login"]
 
 
+# Where a positive alert channel posts: loopback, which the contract stack allows
+# (ALERT_WEBHOOK_ALLOW_LOOPBACK, scripts/contract); a robot's own host does not resolve here, and
+# a channel's URL must resolve to a public address (monitoring/notify.py channel_url_problem).
+CHANNEL_URL = "http://127.0.0.1:9/fuzz-channel"
+CHANNEL_SECRET = secrets.token_urlsafe(16)  # one per run
+
+
+def channel(case, body: dict) -> None:
+    """A URL the kind may post to, a secret where a webhook must sign, and a name of its own each
+    time the case is sent (a tenant's channel names are unique: a repeat is a 400 on `name`)."""
+    if isinstance(body.get("name"), str):
+        body["name"] = f"{body['name'][:60]}-{os.getpid()}x{next(_serial)}"
+    if "url" in body or "kind" in body:
+        body["url"] = CHANNEL_URL
+    if body.get("kind") == "webhook" or ("secret" in body and not body["secret"]):
+        body["secret"] = body.get("secret") or CHANNEL_SECRET
+
+
 def usage(case) -> None:
     """`from` no later than `to`, at most 366 days apart (`to` defaults to today; an empty
     parameter is an absent one)."""
@@ -240,6 +260,8 @@ BODIES = {
     "POST /api/v1/tenants/": tenant,
     "POST /api/v1/scenarios/{slug}/advise/": advice,
     "POST /api/v1/auth/token/": token,
+    "POST /api/v1/tenants/{tenant_slug}/alert-channels/": channel,
+    "PATCH /api/v1/tenants/{tenant_slug}/alert-channels/{id}/": channel,
 }
 
 

@@ -62,7 +62,14 @@ def test_an_alert_shows_its_deliveries_without_addresses(client_for, tenant, own
 
 
 @pytest.mark.parametrize(
-    ("query", "field"), [("status=loud", "status"), ("job=abc", "job"), ("severity=x", "severity")]
+    ("query", "field"),
+    [
+        ("status=loud", "status"),
+        ("job=abc", "job"),
+        ("job=0", "job"),
+        ("job=-1.5", "job"),
+        ("severity=x", "severity"),
+    ],
 )
 def test_a_bad_filter_is_a_400_naming_it(client_for, member, query, field):
     problem = assert_problem(client_for(member).get(f"/api/v1/alerts/?{query}"), 400, "invalid")
@@ -93,6 +100,23 @@ def test_owners_and_managers_keep_channels_and_never_read_their_url_or_secret(
     assert "SECRET1" not in str(audit) and "SECSIGN2" not in str(audit)
     assert client.delete(f"{CHANNELS}{channel.pk}/").status_code == 204
     assert not AlertChannel.objects.exists()
+
+
+def test_a_second_channel_of_the_same_name_is_a_400_on_name_and_an_empty_patch_changes_nothing(
+    client_for, tenant, owner, settings
+):
+    settings.ALERT_WEBHOOK_ALLOW_LOOPBACK = True
+    client = client_for(owner)
+    first = {"name": "robot", "kind": "wecom", "url": "http://127.0.0.1:9/send"}
+    made = client.post(CHANNELS, first, format="json").json()
+    other = client.post(CHANNELS, {**first, "name": "other"}, format="json").json()
+    problem = assert_problem(client.post(CHANNELS, first, format="json"), 400, "invalid")
+    assert list(problem["errors"]) == ["name"]
+    renamed = client.patch(f"{CHANNELS}{other['id']}/", {"name": "robot"}, format="json")
+    assert list(assert_problem(renamed, 400, "invalid")["errors"]) == ["name"]
+    unchanged = client.patch(f"{CHANNELS}{made['id']}/")
+    assert unchanged.status_code == 200 and unchanged.json() == made
+    assert sorted(AlertChannel.objects.values_list("name", flat=True)) == ["other", "robot"]
 
 
 def test_a_member_may_not_keep_channels_and_an_outsider_learns_nothing(client_for, tenant, member, outsider):
