@@ -41,6 +41,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.procs import stop_all  # noqa: E402 - once ROOT is on the path (run as a script)
+
 DB_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/portal_bench_dispatch")
 ENV = os.environ | {
     "DJANGO_SETTINGS_MODULE": "portal.settings",
@@ -227,17 +229,6 @@ def start_workers(count: int, concurrency: int, log_dir: Path) -> list[subproces
     return procs
 
 
-def stop_workers(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
 def states_of(job_ids: list[int]) -> Counter:
     from jobs.models import Job
 
@@ -395,7 +386,7 @@ def main() -> None:
         started = time.monotonic()
         states = wait_dispatched(job_ids, DRAIN_TIMEOUT_S)
         drained_s = wait_drained(DRAIN_TIMEOUT_S) - started
-        stop_workers(procs)
+        stop_all(procs)
         procs = []
         figures = throughput(job_ids)
         per_10s = figures["per_10s"]
@@ -426,7 +417,7 @@ def main() -> None:
                 f"before the workers ran, {loop_after:.1f} jobs/s after ({args.jobs} more jobs in slurmctld)"
             )
     finally:
-        stop_workers(procs)
+        stop_all(procs)
         bench.cleanup(forgotten=total > FORGET_OVER)
         print(f"load average at end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 

@@ -30,6 +30,9 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.procs import stop_all  # noqa: E402 - once ROOT is on the path (run as a script)
+
 PORT = 8642
 BASE = f"http://127.0.0.1:{PORT}"
 
@@ -142,7 +145,6 @@ def main() -> None:
     }
     (var / "metrics").mkdir()
     os.environ.update(env)
-    sys.path.insert(0, str(ROOT))
     run = [sys.executable, "manage.py"]
     subprocess.run([*run, "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
     subprocess.run([*run, "demo_data"], cwd=ROOT, env=env, check=True, capture_output=True)
@@ -265,13 +267,7 @@ def main() -> None:
         _figures("NVML every second (whole run)", nvml)
         print("rows:", rows.count())
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs, timeout_s=20)
 
 
 def _answers(url: str) -> bool:

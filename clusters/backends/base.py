@@ -214,18 +214,12 @@ class GpuSample:
     gpus: int
     min_pct: float
     max_pct: float
-    mean_pct: float | None = None
+    mean_pct: float
     memory_used_mib: float | None = None
     memory_total_mib: float | None = None
     temperature_c: float | None = None
     power_w: float | None = None
     xid: int | None = None
-
-    @property
-    def memory_used_pct(self) -> float | None:
-        if self.memory_used_mib is None or not self.memory_total_mib:
-            return None
-        return 100.0 * self.memory_used_mib / self.memory_total_mib
 
 
 # The longest a scratch purge of one tenant tree may take (a walk over a shared filesystem):

@@ -13,7 +13,6 @@ could not be read this time is left as it was and reported.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
@@ -25,7 +24,7 @@ from clusters.backends.base import BackendError, GpuSample
 from clusters.gpu_metrics import GpuMetricsError
 from jobs.models import Job, JobState
 from jobs.services.cancel import job_cancel
-from jobs.services.telemetry import cluster_gpu_samples
+from jobs.services.telemetry import cluster_gpu_samples, running_by_cluster
 from portal.core.services import audit_record
 from tenants.mail import mail_on_commit
 
@@ -63,17 +62,7 @@ def jobs_watch_idle(*, dry_run: bool | None = None) -> IdleReport:
         Job.objects.filter(state=JobState.PENDING).exclude(
             gpu_idle_since=None, gpu_idle_flagged_at=None
         ).update(gpu_idle_since=None, gpu_idle_flagged_at=None)
-    running = (
-        Job.objects.filter(state=JobState.RUNNING)
-        .exclude(backend_id="")
-        .select_related("cluster", "tenant", "submitted_by")
-        .order_by("id")
-    )
-    by_cluster: dict[int, list[Job]] = defaultdict(list)
-    for job in running:
-        by_cluster[job.cluster_id].append(job)
-    for jobs in by_cluster.values():
-        cluster = jobs[0].cluster
+    for cluster, jobs in running_by_cluster().items():
         try:
             samples = cluster_gpu_samples(
                 cluster=cluster, backend_ids=sorted({job.backend_id for job in jobs})

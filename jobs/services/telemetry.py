@@ -68,8 +68,13 @@ def cluster_gpu_samples(*, cluster: Cluster, backend_ids: list[str]) -> dict[str
 
 
 def running_by_cluster() -> dict[Cluster, list[Job]]:
-    """The RUNNING jobs that a scheduler knows (a backend id), by cluster."""
-    jobs = Job.objects.filter(state=JobState.RUNNING).exclude(backend_id="").select_related("cluster")
+    """The RUNNING jobs that a scheduler knows (a backend id), by cluster, in order of id (with
+    what the idle sweep's mail needs: tenant and submitter)."""
+    jobs = (
+        Job.objects.filter(state=JobState.RUNNING)
+        .exclude(backend_id="")
+        .select_related("cluster", "tenant", "submitted_by")
+    )
     by_cluster: dict[Cluster, list[Job]] = {}
     for job in jobs.order_by("cluster_id", "id"):
         by_cluster.setdefault(job.cluster, []).append(job)
@@ -124,13 +129,12 @@ def jobs_sample_gpus(*, now: datetime | None = None, budget_s: float = ROUND_BUD
 def sample_row(job: Job, sample: GpuSample, *, at: datetime) -> JobGpuSample:
     """The row of a reading. Where fewer GPUs were read than the job holds, the summed figures
     (memory, power) would be a part passed off as the whole: they stay null."""
-    mean = sample.mean_pct if sample.mean_pct is not None else (sample.min_pct + sample.max_pct) / 2
     whole = sample.gpus >= job.gpus
     return JobGpuSample(
         job=job,
         at=at,
         gpus=sample.gpus,
-        utilization_pct=mean,
+        utilization_pct=sample.mean_pct,
         utilization_min_pct=sample.min_pct,
         utilization_max_pct=sample.max_pct,
         memory_used_mib=sample.memory_used_mib if whole else None,

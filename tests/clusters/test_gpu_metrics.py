@@ -142,7 +142,6 @@ def test_samples_by_index_maps_a_jobs_gpus_to_their_readings():
             memory_total_mib=143771.0, temperature_c=65.0, power_w=692.1, xid=None,
         )
     }  # fmt: skip
-    assert samples["local-1"].memory_used_pct == pytest.approx(0.703, abs=0.001)
 
 
 def test_a_jobs_sample_spans_and_sums_its_gpus_and_leaves_out_a_figure_one_gpu_lacks():
