@@ -10,7 +10,13 @@ RUN apt-get update \
 
 WORKDIR /app
 COPY pyproject.toml ./
-RUN pip install --no-cache-dir -e .
+# python-ldap (the `ldap` extra) compiles against libldap; the compiler and headers leave after.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libldap2-dev libsasl2-dev \
+ && pip install --no-cache-dir -e ".[ldap]" \
+ && apt-get purge -y --auto-remove gcc libldap2-dev libsasl2-dev \
+ && apt-get install -y --no-install-recommends libldap-2.5-0 libsasl2-2 \
+ && rm -rf /var/lib/apt/lists/*
 COPY . .
 # Building needs a key to import settings; this throwaway one never serves a request.
 RUN export SECRET_KEY=build-only-not-a-real-key-0000000000000 \

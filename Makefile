@@ -3,7 +3,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 MO := locale/zh_Hans/LC_MESSAGES/django.mo
+LDAP := $(VENV)/.ldap-stamp
 NEWMAN := postman/node_modules/.installed
+OIDC := tests/oidc_provider/node_modules/.installed
 
 .PHONY: run test contract bench lint format messages testbed-up testbed-down testbed-status schema clean
 
@@ -12,9 +14,20 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e ".[dev]"
 	touch $@
 
+# django-auth-ldap and python-ldap, which compiles against Debian's libldap2-dev and libsasl2-dev
+# (.ci/run installs them): the suite signs in against a real slapd.
+$(LDAP): pyproject.toml $(STAMP)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e ".[dev,ldap]"
+	touch $@
+
 # The compiled translations are built, not committed.
 $(MO): locale/zh_Hans/LC_MESSAGES/django.po $(STAMP)
 	$(VENV)/bin/python manage.py compilemessages --ignore=$(VENV) --ignore=var -v0
+
+# oidc-provider, pinned by tests/oidc_provider/package-lock.json: the suite's OpenID provider.
+$(OIDC): tests/oidc_provider/package-lock.json
+	npm ci --prefix tests/oidc_provider --no-audit --no-fund --loglevel=error
+	touch $@
 
 # newman, pinned by postman/package-lock.json, for the Postman contract tests.
 $(NEWMAN): postman/package-lock.json
@@ -26,7 +39,7 @@ run: $(STAMP) $(MO)
 
 # The suite, then the API contract (Postman through newman, then schemathesis) against the
 # production-shaped stack: gunicorn, Celery worker and beat on Redis, PostgreSQL, Slurm testbed.
-test: $(STAMP) $(MO) $(NEWMAN)
+test: $(STAMP) $(LDAP) $(MO) $(NEWMAN) $(OIDC)
 	bash tests/testbed/testbed.sh up
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 	scripts/contract
@@ -63,4 +76,4 @@ testbed-status:
 	bash tests/testbed/testbed.sh status
 
 clean:
-	rm -rf $(VENV) var/static var/celery postman/node_modules
+	rm -rf $(VENV) var/static var/celery postman/node_modules tests/oidc_provider/node_modules

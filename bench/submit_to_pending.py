@@ -73,7 +73,7 @@ def setup() -> tuple[str, str]:
     from django.utils import timezone
 
     from clusters.models import Cluster, GpuModel, Scenario
-    from portal.core.services import token_create
+    from portal.core.tokens import token_create
     from tenants.limits import tenant_apply
     from tenants.models import QuotaGrant, Role, Tenant
     from tenants.services import membership_add

@@ -105,6 +105,7 @@ INSTALLED_APPS = [
     "tenants",
     "jobs",
     "monitoring",
+    "identity",
 ]
 
 MIDDLEWARE = [
@@ -120,6 +121,8 @@ MIDDLEWARE = [
     "portal.core.middleware.refuse_impossible_input",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # A provider's sign-in older than OIDC_RENEW_SECONDS is checked with the provider again.
+    "identity.oidc.SessionRefresh",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "tenants.middleware.tenant_perms_per_request",
@@ -205,6 +208,58 @@ AXES_VERBOSE = False  # no "AXES: BEGIN" line at every start of every process
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
+# The login page's username and password form (the portal's own accounts, and LDAP's). Off, the
+# page offers only the identity provider; the console's login and POST /auth/token/ refuse too.
+LOCAL_LOGIN = env_bool("LOCAL_LOGIN", True)
+
+# --- Institutional identity (identity/; README: "Sign-in with the institution's identity")
+# OpenID Connect, on when OIDC_ISSUER is set: mozilla-django-oidc as the relying party, endpoints
+# from the issuer's discovery document (read once per process, identity/oidc.py).
+OIDC_ISSUER = env_str("OIDC_ISSUER", "").rstrip("/")
+OIDC_PROVIDER_NAME = env_str("OIDC_PROVIDER_NAME", "single sign-on")
+OIDC_RP_CLIENT_ID = env_str("OIDC_CLIENT_ID", "")
+OIDC_RP_CLIENT_SECRET = env_secret("OIDC_CLIENT_SECRET") or ""
+OIDC_RP_SCOPES = env_str("OIDC_SCOPES", "openid email profile groups")
+OIDC_RP_SIGN_ALGO = env_choice("OIDC_SIGN_ALGO", "RS256", {"RS256", "RS384", "RS512", "ES256", "ES384"})
+OIDC_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
+OIDC_USERNAME_CLAIM = env_str("OIDC_USERNAME_CLAIM", "preferred_username")
+OIDC_CLUSTER_USERNAME_CLAIM = env_str("OIDC_CLUSTER_USERNAME_CLAIM", "uid")
+OIDC_USE_PKCE = True
+OIDC_PKCE_CODE_CHALLENGE_METHOD = "S256"
+OIDC_USE_NONCE = True
+OIDC_STORE_ID_TOKEN = True  # the id_token_hint of RP-initiated logout
+OIDC_TIMEOUT = env_int("OIDC_TIMEOUT_S", 10, minimum=1, maximum=60)
+# How long a sign-in stands before the provider is asked again (prompt=none): a user the provider
+# has signed out or disabled loses the portal's session then (mozilla-django-oidc's SessionRefresh).
+OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = env_int("OIDC_RENEW_SECONDS", 900, minimum=30)
+OIDC_AUTHENTICATION_CALLBACK_URL = "oidc-callback"
+if OIDC_ISSUER:
+    from identity.discovery import endpoint
+
+    OIDC_OP_AUTHORIZATION_ENDPOINT = endpoint("authorization_endpoint")
+    OIDC_OP_TOKEN_ENDPOINT = endpoint("token_endpoint")
+    OIDC_OP_USER_ENDPOINT = endpoint("userinfo_endpoint")
+    OIDC_OP_JWKS_ENDPOINT = endpoint("jwks_uri")
+if OIDC_ISSUER and not (OIDC_RP_CLIENT_ID and OIDC_RP_CLIENT_SECRET):
+    raise ImproperlyConfigured(
+        "OIDC_ISSUER is set: OIDC_CLIENT_ID and OIDC_CLIENT_SECRET (or _FILE) are needed"
+    )
+# LDAP, on when LDAP_SERVER_URI is set: django-auth-ldap (the `ldap` extra), over StartTLS or
+# ldaps:// with the site's CA (identity/ldap.py reads the rest of LDAP_*).
+LDAP_SERVER_URI = env_str("LDAP_SERVER_URI", "")
+LDAP_SYNC_INTERVAL_S = env_int("LDAP_SYNC_INTERVAL_S", 900, minimum=60)
+if LDAP_SERVER_URI:
+    from identity.ldap_settings import ldap_settings
+
+    globals().update(ldap_settings())
+# After the portal's own accounts: a directory's user never takes over a local account of the
+# same name (identity/ldap.py and identity/oidc.py refuse it).
+if not LOCAL_LOGIN:  # the portal's passwords refused; permissions still read by ModelBackend's rules
+    AUTHENTICATION_BACKENDS[1] = "identity.backends.PermissionsOnlyBackend"
+AUTHENTICATION_BACKENDS[2:2] = [
+    *(["identity.ldap.LdapBackend"] if LDAP_SERVER_URI else []),
+    *(["identity.oidc.OidcBackend"] if OIDC_ISSUER else []),
+]
 
 # The pages follow each browser's choice; mail goes out in this one (MAIL_LANGUAGE: en or zh-hans).
 LANGUAGE_CODE = "en"
@@ -394,6 +449,11 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": 80000},
     },
     "watch-idle-gpus": {"task": "jobs.tasks.watch_idle_gpus", "schedule": 600.0, "options": {"expires": 580}},
+    "sync-directory": {
+        "task": "identity.tasks.sync_directory",
+        "schedule": float(LDAP_SYNC_INTERVAL_S),
+        "options": {"expires": LDAP_SYNC_INTERVAL_S - 5},
+    },
     "sample-gpus": {
         "task": "jobs.tasks.sample_gpus",
         "schedule": float(GPU_SAMPLE_INTERVAL_S),
@@ -410,6 +470,10 @@ SERVER_EMAIL = DEFAULT_FROM_EMAIL
 
 # --- REST API (docs/api.md, conventions)
 API_PAGE_SIZE = env_int("API_PAGE_SIZE", 50, minimum=1, maximum=200)
+# Personal API tokens (docs/api.md, Tokens): the expiry a new one gets unless it asks for another,
+# and the longest any may have; tokens made before expiries existed end after the maximum.
+API_TOKEN_MAX_DAYS = env_int("API_TOKEN_MAX_DAYS", 365, minimum=1, maximum=3650)
+API_TOKEN_DAYS = env_int("API_TOKEN_DAYS", min(90, API_TOKEN_MAX_DAYS), minimum=1, maximum=API_TOKEN_MAX_DAYS)
 API_THROTTLE_RATES = {
     "user": env_str("API_THROTTLE_USER", "1200/min"),
     "anon": env_str("API_THROTTLE_ANON", "60/min"),
@@ -470,6 +534,9 @@ SPECTACULAR_SETTINGS = {
         "DeliveryStatusEnum": "monitoring.models.DeliveryStatus",
         "ChannelKindEnum": "monitoring.models.ChannelKind",
         "DeliveryKindEnum": "monitoring.models.DeliveryKind",
+        "AlertScopeEnum": "monitoring.models.AlertScope",
+        "TokenScopeEnum": "portal.core.models.TokenScope",
+        "DirectorySourceEnum": "identity.models.Source",
     },
 }
 

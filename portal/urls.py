@@ -6,12 +6,14 @@ from django.views import defaults
 from rest_framework.routers import SimpleRouter
 
 from clusters.urls import api_urlpatterns as clusters_api
+from identity import views as identity_views
+from identity.urls import api_urlpatterns as identity_api
 from jobs import views as jobs_views
 from jobs.urls import api_urlpatterns as jobs_api
 from monitoring import api as monitoring_api
 from monitoring import views as monitoring_views
 from monitoring.urls import api_urlpatterns as monitoring_api_urls
-from portal.core import accounts, converters, errors
+from portal.core import accounts, converters, errors, token_pages
 from portal.core import api as core_api
 from portal.core import views as core_views
 from tenants import views as tenants_views
@@ -29,6 +31,7 @@ api_v1 = [
     *clusters_api,
     *jobs_api,
     *monitoring_api_urls,
+    *identity_api,
 ]
 
 register_converter(converters.IdConverter, "id")
@@ -70,8 +73,10 @@ urlpatterns = [
     path("hooks/alertmanager", monitoring_api.AlertmanagerReceiver.as_view(), name="alertmanager-hook"),
     path("api/v1/", include(api_v1)),
     path("admin/", admin.site.urls),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
-    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("accounts/login/", identity_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", identity_views.LogoutView.as_view(), name="logout"),
+    path("accounts/oidc/login/", identity_views.OidcLoginView.as_view(), name="oidc-login"),
+    path("accounts/oidc/callback/", identity_views.OidcCallbackView.as_view(), name="oidc-callback"),
     # The mail leaves the request (portal.core.accounts): the answer is the same, and as quick,
     # for an address with an account and one without.
     path("accounts/password_reset/", accounts.PasswordResetView.as_view(), name="password_reset"),
@@ -88,6 +93,9 @@ urlpatterns = [
     path(
         "accounts/reset/done/", auth_views.PasswordResetCompleteView.as_view(), name="password_reset_complete"
     ),
+    path("account/tokens/", token_pages.tokens, name="tokens"),
+    path("account/tokens/new/", token_pages.token_new, name="token-new"),
+    path("account/tokens/<id:token_id>/revoke/", token_pages.token_delete, name="token-delete"),
     path("i18n/", include("django.conf.urls.i18n")),
     path("", tenants_views.home, name="home"),
     *pages,

@@ -83,6 +83,9 @@ class Membership(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=Role.choices)
     joined = models.DateTimeField(auto_now_add=True)
+    # Made by a directory group's mapping (identity.services.groups_follow), which changes and
+    # removes it as the user's groups change; a membership made by hand is never touched by it.
+    managed = models.BooleanField(default=False)
 
     class Meta:
         constraints = [

@@ -110,21 +110,32 @@ def _owners_for_update(tenant: Tenant) -> list[int]:
 
 @transaction.atomic
 def membership_add(
-    *, actor: AbstractBaseUser | None, tenant: Tenant, user: AbstractBaseUser, role: Role
+    *,
+    actor: AbstractBaseUser | None,
+    tenant: Tenant,
+    user: AbstractBaseUser,
+    role: Role,
+    managed: bool = False,
+    cause: str = "",
 ) -> Membership:
-    """The user joins the tenant with a role and its permissions."""
+    """The user joins the tenant with a role and its permissions. `managed`: a directory group's
+    mapping made it (and `cause` says which, for the audit)."""
     if Membership.objects.filter(tenant=tenant, user=user).exists():
         raise Conflict(f"{user.get_username()} is already a member of {tenant.slug}.")
-    membership = Membership.objects.create(tenant=tenant, user=user, role=role)
+    membership = Membership.objects.create(tenant=tenant, user=user, role=role, managed=managed)
     _grant_role_perms(tenant=tenant, user=user, role=role)
     audit_record(
         actor=actor,
         action="membership.add",
         target=membership,
         tenant=tenant,
-        data={"username": user.get_username(), "role": role},
+        data=_with_cause({"username": user.get_username(), "role": role}, cause),
     )
     return membership
+
+
+def _with_cause(data: dict, cause: str) -> dict:
+    return {**data, "cause": cause} if cause else data
 
 
 def _member_for_update(membership: Membership) -> Membership:
@@ -138,7 +149,9 @@ def _member_for_update(membership: Membership) -> Membership:
 
 
 @transaction.atomic
-def membership_change_role(*, actor: AbstractBaseUser, membership: Membership, role: Role) -> Membership:
+def membership_change_role(
+    *, actor: AbstractBaseUser | None, membership: Membership, role: Role, cause: str = ""
+) -> Membership:
     """A new role for a member; the tenant keeps at least one owner."""
     owners = _owners_for_update(membership.tenant)
     membership = _member_for_update(membership)
@@ -153,13 +166,13 @@ def membership_change_role(*, actor: AbstractBaseUser, membership: Membership, r
         action="membership.role",
         target=membership,
         tenant=membership.tenant,
-        data={"username": membership.user.get_username(), "role": [old, role]},
+        data=_with_cause({"username": membership.user.get_username(), "role": [old, role]}, cause),
     )
     return membership
 
 
 @transaction.atomic
-def membership_remove(*, actor: AbstractBaseUser, membership: Membership) -> None:
+def membership_remove(*, actor: AbstractBaseUser | None, membership: Membership, cause: str = "") -> None:
     """The member leaves, with every permission on the tenant; never its last owner."""
     owners = _owners_for_update(membership.tenant)
     membership = _member_for_update(membership)
@@ -172,7 +185,7 @@ def membership_remove(*, actor: AbstractBaseUser, membership: Membership) -> Non
         action="membership.remove",
         target=membership,
         tenant=membership.tenant,
-        data={"username": membership.user.get_username(), "role": membership.role},
+        data=_with_cause({"username": membership.user.get_username(), "role": membership.role}, cause),
     )
     membership.delete()
 

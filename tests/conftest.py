@@ -12,7 +12,7 @@ from django.core.cache import cache
 from rest_framework.test import APIClient
 
 from clusters.selectors import catalog_names_forget
-from portal.core.services import token_create
+from portal.core.tokens import token_create
 from tenants.models import Role
 from tenants.services import membership_add
 from tests.factories import (

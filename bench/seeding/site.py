@@ -568,8 +568,9 @@ class SiteSeeder:
         for pk, user in zip(reserve_ids(ApiToken, len(self.token_users)), self.token_users, strict=True):
             key = secrets.token_urlsafe(32)
             self.tokens.append((user, key))
-            rows.append((pk, self.user_ids[user], TOKEN_NAME, token_digest(key), self.now, None))
+            rows.append((pk, self.user_ids[user], TOKEN_NAME, token_digest(key), "submit", self.now,
+                         self.now + timedelta(days=settings.API_TOKEN_DAYS), None))  # fmt: skip
             self._audit(self.now, self._user(user), "token.create", ApiToken, pk, None, {"name": TOKEN_NAME})
         self.counts["tokens"] = copy_rows(
-            ApiToken, ["id", "user", "name", "key_digest", "created", "last_used"], rows
+            ApiToken, ["id", "user", "name", "key_digest", "scope", "created", "expires", "last_used"], rows
         )

@@ -5,10 +5,11 @@ from portal.core.models import ApiToken, AuditEvent
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ["id", "user", "name", "created", "last_used"]
+    list_display = ["id", "user", "name", "scope", "created", "expires", "last_used"]
+    list_filter = ["scope"]
     search_fields = ["user__username", "name"]
-    fields = ["user", "name", "created", "last_used"]
-    readonly_fields = ["user", "name", "created", "last_used"]
+    fields = ["user", "name", "scope", "created", "expires", "last_used"]
+    readonly_fields = fields
 
     def has_add_permission(self, request):
         return False  # a key is shown once, to its owner, through the API

@@ -12,8 +12,8 @@ from portal.core.models import ApiToken
 from portal.core.renderers import JSONRenderer
 from portal.core.selectors import tokens_of
 from portal.core.serializers import ID_LOOKUP, TokenCreatedOut, TokenIn, TokenOut
-from portal.core.services import token_create, token_revoke
 from portal.core.throttles import TokenCreateThrottle
+from portal.core.tokens import token_create, token_revoke
 
 
 class TokenCreate(APIView):
@@ -39,7 +39,12 @@ class TokenCreate(APIView):
         if user is None:
             # One message for an unknown user and a wrong password: nothing to enumerate.
             raise ValidationError({"password": ["Unable to log in with these credentials."]})
-        token, key = token_create(user=user, name=data.validated_data["name"])
+        token, key = token_create(
+            user=user,
+            name=data.validated_data["name"],
+            scope=data.validated_data.get("scope"),
+            days=data.validated_data.get("expires_in_days"),
+        )
         token.token = key
         return Response(TokenCreatedOut(token).data, status=status.HTTP_201_CREATED)
 

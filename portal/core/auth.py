@@ -3,14 +3,27 @@ from functools import cache
 from django.contrib.auth import get_user_model
 from django.db import DEFAULT_DB_ALIAS
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
-from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 from rest_framework.request import Request
 
 from portal.core.compiled import CompiledQuery
 from portal.core.models import ApiToken, token_digest
-from portal.core.services import token_touch
+from portal.core.tokens import token_allows_method, token_expired, token_touch
 
-TOKEN_READ = {"id", "user_id", "last_used"}  # what a request reads of its token (token_touch)
+# What a request reads of its token: token_touch's fields, its scope and its expiry.
+TOKEN_READ = {"id", "user_id", "scope", "expires", "last_used"}
+
+
+class TokenExpired(AuthenticationFailed):
+    """401 `token_expired`: the token was good and its time is over; a new one is needed."""
+
+    problem_code = "token_expired"
+
+
+class OutsideTokenScope(PermissionDenied):
+    """403 `token_scope`: the token's scope does not reach this request, whatever its user may do."""
+
+    problem_code = "token_scope"
 
 
 @cache
@@ -66,6 +79,11 @@ class HashedTokenAuthentication(BaseAuthentication):
         if found is None or not found[1].is_active:
             raise AuthenticationFailed("Invalid or revoked token.")
         token, user = found
+        if token_expired(token):
+            raise TokenExpired(f"This token expired at {token.expires:%Y-%m-%dT%H:%M:%SZ}; make a new one.")
+        if not token_allows_method(token, request.method):
+            raise OutsideTokenScope(f"This token's scope is {token.scope}: it may only read (GET).")
+        user.token_scope = token.scope  # portal.core.staff: staff powers need an `admin` token
         token_touch(token=token)
         return user, token
 

@@ -20,6 +20,8 @@ PROBLEM_CONTENT_TYPE = "application/problem+json"
 
 TITLES = {
     "not_authenticated": "Authentication required",
+    "token_expired": "Token expired",
+    "token_scope": "Outside the token's scope",
     "permission_denied": "Permission denied",
     "not_found": "Not found",
     "invalid": "Invalid input",
@@ -150,8 +152,9 @@ def problem_exception_handler(exc: Exception, context: dict) -> Response:
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
     if isinstance(exc, PortalError):
         set_rollback()
+        code = exc.code if exc.status != 403 else _staff_power_outside_token(context) or exc.code
         return Response(
-            problem(exc.status, exc.code, exc.detail, **exc.extra),
+            problem(exc.status, code, exc.detail, **exc.extra),
             status=exc.status,
             content_type=PROBLEM_CONTENT_TYPE,
         )
@@ -164,7 +167,10 @@ def problem_exception_handler(exc: Exception, context: dict) -> Response:
     elif isinstance(exc, exceptions.ValidationError):
         body = _validation_problem(exc)
     else:
-        code = _CODE_BY_STATUS.get(response.status_code, "server_error")
+        code = getattr(exc, "problem_code", None)
+        if isinstance(exc, exceptions.PermissionDenied):
+            code = code or _staff_power_outside_token(context)
+        code = code or _CODE_BY_STATUS.get(response.status_code, "server_error")
         detail = str(exc.detail if isinstance(exc, exceptions.APIException) else exc)
         # A bare Http404 (DRF raises one for a lookup value the field cannot hold) has no text.
         body = problem(response.status_code, code, detail or TITLES[code] + ".")
@@ -173,6 +179,17 @@ def problem_exception_handler(exc: Exception, context: dict) -> Response:
     response.data = body
     response.content_type = PROBLEM_CONTENT_TYPE
     return response
+
+
+def _staff_power_outside_token(context: dict) -> str | None:
+    """`token_scope` for a 403 that a staff user's non-`admin` token met: the power may be the
+    user's, the token does not carry it (portal.core.staff)."""
+    from portal.core.staff import holds_staff_power  # staff imports services, which load after this
+
+    user = getattr(context.get("request"), "user", None)
+    if user is None or not user.is_staff or getattr(user, "token_scope", "admin") == "admin":
+        return None
+    return "token_scope" if holds_staff_power(user) else None
 
 
 def api_not_found(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:

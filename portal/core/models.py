@@ -10,11 +10,21 @@ def token_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+class TokenScope(models.TextChoices):
+    """What a token may do, a ceiling over what its user may do (docs/api.md, Tokens)."""
+
+    READ = "read", "read"  # GET, HEAD and OPTIONS only
+    SUBMIT = "submit", "submit"  # also writes within the user's tenants: jobs, quota requests, members
+    ADMIN = "admin", "admin"  # also the staff powers; only users who hold a staff role
+
+
 class ApiToken(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
     name = models.CharField(max_length=100, blank=True)
     key_digest = models.CharField(max_length=64, unique=True, editable=False)
+    scope = models.CharField(max_length=8, choices=TokenScope.choices, default=TokenScope.SUBMIT)
     created = models.DateTimeField(auto_now_add=True)
+    expires = models.DateTimeField()
     last_used = models.DateTimeField(null=True, blank=True)
 
     class Meta:

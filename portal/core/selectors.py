@@ -5,4 +5,6 @@ from portal.core.models import ApiToken
 
 
 def tokens_of(*, user: AbstractBaseUser) -> QuerySet[ApiToken]:
-    return ApiToken.objects.filter(user=user).only("id", "name", "created", "last_used", "user_id")
+    return ApiToken.objects.filter(user=user).only(
+        "id", "name", "scope", "created", "expires", "last_used", "user_id"
+    )

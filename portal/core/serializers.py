@@ -1,5 +1,6 @@
 import re
 
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema_field
@@ -7,7 +8,7 @@ from rest_framework import serializers
 
 from portal.core.compiled import CompiledQuery
 from portal.core.errors import PROBLEM_CODES
-from portal.core.models import ApiToken
+from portal.core.models import ApiToken, TokenScope
 from portal.core.validators import slug_validator
 
 # The patterns as the schema states them: JSON Schema regexes, which have no \Z.
@@ -86,6 +87,18 @@ class TokenIn(serializers.Serializer):
     username = StrictCharField(max_length=150)
     password = StrictCharField(max_length=256, trim_whitespace=False, style={"input_type": "password"})
     name = StrictCharField(max_length=100, required=False, default="", allow_blank=True)
+    scope = serializers.ChoiceField(
+        choices=TokenScope.choices,
+        required=False,
+        help_text="read: GETs only; submit: also writes in the user's tenants; admin: also staff "
+        "powers (staff only). Default: the widest the user may hold.",
+    )
+    expires_in_days = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=settings.API_TOKEN_MAX_DAYS,
+        help_text="Default API_TOKEN_DAYS (90); at most API_TOKEN_MAX_DAYS (365).",
+    )
 
 
 class TokenOut(serializers.ModelSerializer):
@@ -93,14 +106,14 @@ class TokenOut(serializers.ModelSerializer):
 
     class Meta:
         model = ApiToken
-        fields = ["id", "name", "created", "last_used"]
+        fields = ["id", "name", "scope", "created", "expires", "last_used"]
 
 
 class TokenCreatedOut(TokenOut):
     token = serializers.CharField(read_only=True, help_text="The key. Shown this once; store it now.")
 
     class Meta(TokenOut.Meta):
-        fields = ["id", "name", "token", "created"]
+        fields = ["id", "name", "token", "scope", "created", "expires"]
 
 
 class ProblemOut(serializers.Serializer):

@@ -23,8 +23,29 @@ VIEW_ALL = "tenants.view_all"
 
 def _holds(user: AbstractBaseUser, perm: str) -> bool:
     # ModelBackend caches a user's permissions on the instance: two queries the first time in a
-    # request, none after; guardian's backend answers a global check without a query.
-    return bool(user.is_authenticated and user.is_active and user.is_staff and user.has_perm(perm))
+    # request, none after; guardian's backend answers a global check without a query. A request
+    # made with an API token holds a staff power only through an `admin` token (portal.core.auth
+    # marks the user with its token's scope; a session carries no mark).
+    return bool(
+        user.is_authenticated
+        and user.is_active
+        and user.is_staff
+        and getattr(user, "token_scope", "admin") == "admin"
+        and user.has_perm(perm)
+    )
+
+
+def holds_staff_power(user: AbstractBaseUser) -> bool:
+    """Whether any staff power is the user's (ignoring a token's scope): who may hold an `admin`
+    token."""
+    unmarked = getattr(user, "token_scope", None)
+    if unmarked is not None:
+        del user.token_scope
+    try:
+        return sees_all_tenants(user) or can_decide_quota(user)
+    finally:
+        if unmarked is not None:
+            user.token_scope = unmarked
 
 
 def is_platform_admin(user: AbstractBaseUser) -> bool:
@@ -57,6 +78,7 @@ CONSOLE_MODELS = {
     "jobs": ("job", "jobevent"),
     "core": ("auditevent", "apitoken"),
     "monitoring": ("alert", "delivery", "alertchannel"),
+    "identity": ("groupmapping", "directoryaccount"),
 }
 
 

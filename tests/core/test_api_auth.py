@@ -17,7 +17,8 @@ def test_token_is_shown_once_and_stored_hashed(anon_client, member):
     )
     assert response.status_code == 201
     body = response.json()
-    assert set(body) == {"id", "name", "token", "created"}
+    assert set(body) == {"id", "name", "token", "scope", "created", "expires"}
+    assert body["scope"] == "submit"
     assert body["name"] == "laptop"
     stored = ApiToken.objects.get(pk=body["id"])
     assert body["token"] not in stored.key_digest

@@ -9,7 +9,7 @@ from django.test import override_settings
 from rest_framework.exceptions import NotFound as DrfNotFound
 
 from portal.core.errors import NotFound, problem_exception_handler
-from portal.core.services import token_create
+from portal.core.tokens import token_create
 from tests.api_support import assert_problem, request_body
 from tests.jobs_support import JOB
 

@@ -13,7 +13,8 @@ from django.utils import timezone
 from clusters.models import Cluster, GpuModel, Partition, Scenario, ScenarioGpu
 from clusters.selectors import catalog_names_forget
 from jobs.models import Job, JobState
-from portal.core.services import audit_record, token_create
+from portal.core.services import audit_record
+from portal.core.tokens import token_create
 from tenants.models import QuotaGrant, QuotaRequest, Role
 from tenants.services import membership_add
 from tests.factories import ClusterFactory, PartitionFactory, QuotaGrantFactory, TenantFactory, UserFactory

@@ -15,7 +15,7 @@ from jobs.models import Job
 from portal.core.auth import token_and_user
 from portal.core.compiled import CompiledQuery
 from portal.core.models import ApiToken
-from portal.core.services import token_create
+from portal.core.tokens import token_create
 
 pytestmark = pytest.mark.django_db(transaction=True)  # a second thread reads what this one wrote
 

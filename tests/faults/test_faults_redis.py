@@ -23,7 +23,7 @@ from celery import Celery
 
 from clusters.models import Partition
 from jobs.models import Job, JobState
-from portal.core.services import token_create
+from portal.core.tokens import token_create
 from tests.conftest import (
     ROOT,
     VENV_BIN,

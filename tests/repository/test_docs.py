@@ -52,6 +52,7 @@ ROOMS = (
     "jobs",
     "jobs/services",
     "monitoring",
+    "identity",
 )
 SKIPPED = {"__init__.py", "migrations", "__pycache__"}
 

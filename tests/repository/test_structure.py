@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("portal", "clusters", "tenants", "jobs", "monitoring")
+APPS = ("portal", "clusters", "tenants", "jobs", "monitoring", "identity")
 CODE = (*APPS, "bench", "scripts", "tests")
 
 
@@ -64,9 +64,11 @@ def test_portal_core_imports_no_app():
 @pytest.mark.parametrize(
     ("app", "above"),
     [
-        ("clusters", ("tenants", "jobs", "monitoring")),
-        ("tenants", ("jobs", "monitoring")),
-        ("jobs", ("monitoring",)),
+        ("clusters", ("tenants", "jobs", "monitoring", "identity")),
+        ("tenants", ("jobs", "monitoring", "identity")),
+        ("jobs", ("monitoring", "identity")),
+        ("monitoring", ("identity",)),
+        ("identity", ("jobs", "monitoring")),
     ],
 )
 def test_an_app_imports_no_app_above_it(app, above):

@@ -1,0 +1,188 @@
+"""Sign-in through an OpenID Connect provider: mozilla-django-oidc's authorization code flow with
+PKCE, state and nonce, made strict where it is lenient (the ID token's issuer and audience are
+checked, a groups claim must be a list of strings) and tied to the portal's users through the
+`sub` claim, never the e-mail address (identity.services)."""
+
+import logging
+from urllib.parse import urlencode
+
+import jwt
+from django.conf import settings
+from django.core.exceptions import SuspiciousOperation
+from django.db import transaction
+from django.urls import reverse
+from mozilla_django_oidc.auth import OIDCAuthenticationBackend
+from mozilla_django_oidc.middleware import SessionRefresh as OidcSessionRefresh
+
+from identity.discovery import discovered
+from identity.models import Source
+from identity.services import (
+    DirectoryRefused,
+    account_of,
+    directory_signed_in,
+    directory_user_new,
+)
+
+log = logging.getLogger(__name__)
+
+LEEWAY_S = 30  # clock skew allowed between the provider and the portal
+
+
+class OidcRefused(SuspiciousOperation):
+    """A sign-in the provider's answer does not support; the message is for the person."""
+
+
+def _claim_list(claims: dict, name: str) -> list[str]:
+    value = claims.get(name, [])
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise OidcRefused(f"The provider's “{name}” claim is not a list of group names.")
+    return value
+
+
+class OidcBackend(OIDCAuthenticationBackend):
+    def _verify_jws(self, payload, key):
+        header = jwt.get_unverified_header(payload)
+        if header.get("alg") != self.OIDC_RP_SIGN_ALGO:
+            raise OidcRefused(
+                f"The ID token is signed with {header.get('alg')!r}, not {self.OIDC_RP_SIGN_ALGO}."
+            )
+        try:
+            return jwt.decode(
+                payload,
+                key,
+                algorithms=[self.OIDC_RP_SIGN_ALGO],
+                audience=self.OIDC_RP_CLIENT_ID,
+                issuer=settings.OIDC_ISSUER,
+                leeway=LEEWAY_S,
+                options={"require": ["exp", "iat", "iss", "aud", "sub"]},
+            )
+        except jwt.ExpiredSignatureError:
+            raise OidcRefused("The ID token has expired.") from None
+        except jwt.InvalidAudienceError:
+            raise OidcRefused("The ID token was issued to another client (audience).") from None
+        except jwt.InvalidIssuerError:
+            raise OidcRefused("The ID token was issued by another provider (issuer).") from None
+        except jwt.InvalidSignatureError:
+            raise OidcRefused("The ID token's signature does not match the provider's keys.") from None
+        except jwt.PyJWTError as exc:
+            raise OidcRefused(f"The ID token is not valid: {exc}.") from None
+
+    def retrieve_matching_jwk(self, token):
+        try:
+            return super().retrieve_matching_jwk(token)
+        except SuspiciousOperation:
+            raise OidcRefused("The ID token names a key the provider does not publish.") from None
+
+    def get_userinfo(self, access_token, id_token, payload):
+        """The userinfo answer over the ID token's claims; its `sub` must be the token's."""
+        info = super().get_userinfo(access_token, id_token, payload)
+        if info.get("sub") != payload.get("sub"):
+            raise OidcRefused("The provider's user information is about another subject.")
+        return {**payload, **info}
+
+    def verify_claims(self, claims):
+        username = claims.get(settings.OIDC_USERNAME_CLAIM)
+        if not isinstance(username, str) or not username.strip():
+            raise OidcRefused(
+                f"The provider sent no “{settings.OIDC_USERNAME_CLAIM}” claim to name the account."
+            )
+        _claim_list(claims, settings.OIDC_GROUPS_CLAIM)
+        return True
+
+    def filter_users_by_claims(self, claims):
+        account = account_of(source=Source.OIDC, subject=claims["sub"])
+        return [account.user] if account is not None else []
+
+    def create_user(self, claims):
+        try:
+            user = directory_user_new(
+                username=claims[settings.OIDC_USERNAME_CLAIM].strip(),
+                email=claims.get("email") or "",
+                first_name=claims.get("given_name") or "",
+                last_name=claims.get("family_name") or "",
+                source=Source.OIDC,
+                subject=claims["sub"],
+            )
+        except DirectoryRefused as exc:
+            raise OidcRefused(str(exc)) from None
+        return self.update_user(user, claims)
+
+    def update_user(self, user, claims):
+        account = account_of(source=Source.OIDC, subject=claims["sub"])
+        if not user.is_active and (account is None or account.gone is None):
+            raise OidcRefused("This account is disabled in the portal; ask a platform admin.")
+        try:
+            directory_signed_in(
+                user=user,
+                source=Source.OIDC,
+                subject=claims["sub"],
+                groups=_claim_list(claims, settings.OIDC_GROUPS_CLAIM),
+                cluster_username=str(claims.get(settings.OIDC_CLUSTER_USERNAME_CLAIM) or ""),
+            )
+        except DirectoryRefused as exc:
+            raise OidcRefused(str(exc)) from None
+        return user
+
+    def get_or_create_user(self, access_token, id_token, payload):
+        # One transaction: a refused sign-in creates nothing. mozilla-django-oidc logs and
+        # swallows a refusal raised here; the request keeps its message for the callback page.
+        try:
+            with transaction.atomic():
+                return super().get_or_create_user(access_token, id_token, payload)
+        except OidcRefused as exc:
+            self.request.oidc_refused = str(exc)
+            raise
+
+    def authenticate(self, request, **kwargs):
+        if not getattr(settings, "OIDC_ISSUER", ""):
+            return None
+        return super().authenticate(request, **kwargs)
+
+    def get_user(self, user_id):
+        user = super().get_user(user_id)
+        return user if user is not None and user.is_active else None
+
+
+class SessionRefresh(OidcSessionRefresh):
+    """mozilla-django-oidc's: a session signed in through the provider more than
+    OIDC_RENEW_SECONDS ago is sent to the provider with prompt=none; a provider that no longer
+    knows the user (signed out there, disabled) ends the portal's session too. Always in the
+    middleware, inert while OIDC is off: its settings are read per request, not at start."""
+
+    def __init__(self, get_response):
+        super(OidcSessionRefresh, self).__init__(get_response)  # MiddlewareMixin's, not the parent's
+
+    def __getattr__(self, name):
+        if name.startswith("OIDC_"):  # what the parent read once in its __init__
+            defaults = {"OIDC_STATE_SIZE": 32, "OIDC_NONCE_SIZE": 32, "OIDC_EXEMPT_URLS": []}
+            return getattr(settings, name, defaults.get(name))
+        raise AttributeError(name)
+
+    @property
+    def exempt_urls(self):
+        return {reverse(name) for name in ("logout", "oidc-login", "oidc-callback")}
+
+    def process_request(self, request):
+        if not settings.OIDC_ISSUER:
+            return None
+        return super().process_request(request)
+
+
+def provider_logout_url(request) -> str | None:
+    """Where RP-initiated logout sends the browser: the provider's end_session_endpoint with the
+    ID token as hint and the login page to come back to; None when the provider has none."""
+    try:
+        end_session = discovered(settings.OIDC_ISSUER).get("end_session_endpoint")
+    except Exception:  # the provider unreachable: the portal's own logout still happens
+        log.warning("the provider's end_session_endpoint could not be read")
+        return None
+    if not end_session:
+        return None
+    params = {
+        "post_logout_redirect_uri": request.build_absolute_uri(reverse("login")),
+        "client_id": settings.OIDC_RP_CLIENT_ID,
+    }
+    id_token = request.session.get("oidc_id_token")
+    if id_token:
+        params["id_token_hint"] = id_token
+    return f"{end_session}?{urlencode(params)}"
