@@ -19,9 +19,9 @@ from portal.core.selectors import tokens_of
 from portal.core.tokens import token_create, token_revoke, token_scopes_for
 
 SCOPE_HELP = {
-    TokenScope.READ: gettext_lazy("read: looks only (GET requests)"),
-    TokenScope.SUBMIT: gettext_lazy("submit: also submits and cancels jobs and asks for quota"),
-    TokenScope.ADMIN: gettext_lazy("admin: also your staff powers"),
+    TokenScope.READ: gettext_lazy("read: GET only"),
+    TokenScope.SUBMIT: gettext_lazy("submit: jobs and quota"),
+    TokenScope.ADMIN: gettext_lazy("admin: staff powers too"),
 }
 
 
