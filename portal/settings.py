@@ -233,13 +233,13 @@ OIDC_TIMEOUT = env_int("OIDC_TIMEOUT_S", 10, minimum=1, maximum=60)
 # has signed out or disabled loses the portal's session then (mozilla-django-oidc's SessionRefresh).
 OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = env_int("OIDC_RENEW_SECONDS", 900, minimum=30)
 OIDC_AUTHENTICATION_CALLBACK_URL = "oidc-callback"
-if OIDC_ISSUER:
-    from identity.discovery import endpoint
+# Lazy: read from the discovery document when first used, never while OIDC is off.
+from identity.discovery import endpoint  # noqa: E402  (imports only requests and Django's utils)
 
-    OIDC_OP_AUTHORIZATION_ENDPOINT = endpoint("authorization_endpoint")
-    OIDC_OP_TOKEN_ENDPOINT = endpoint("token_endpoint")
-    OIDC_OP_USER_ENDPOINT = endpoint("userinfo_endpoint")
-    OIDC_OP_JWKS_ENDPOINT = endpoint("jwks_uri")
+OIDC_OP_AUTHORIZATION_ENDPOINT = endpoint("authorization_endpoint")
+OIDC_OP_TOKEN_ENDPOINT = endpoint("token_endpoint")
+OIDC_OP_USER_ENDPOINT = endpoint("userinfo_endpoint")
+OIDC_OP_JWKS_ENDPOINT = endpoint("jwks_uri")
 if OIDC_ISSUER and not (OIDC_RP_CLIENT_ID and OIDC_RP_CLIENT_SECRET):
     raise ImproperlyConfigured(
         "OIDC_ISSUER is set: OIDC_CLIENT_ID and OIDC_CLIENT_SECRET (or _FILE) are needed"

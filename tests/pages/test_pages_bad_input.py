@@ -8,6 +8,7 @@ import pytest
 from django.contrib import admin
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
+from portal.core.tokens import token_create
 from tests.factories import QuotaRequestFactory
 
 pytestmark = pytest.mark.django_db
@@ -62,8 +63,10 @@ def world(admin_user, tenant, member, make_job, catalog):
     quota_request = QuotaRequestFactory(
         tenant=tenant, pair=catalog, gpus=1, gpu_hours=10, requested_by=member, days=0, justification="x"
     )
+    token, _ = token_create(user=admin_user, name="probe")
     return {
         "slug": tenant.slug,
+        "token_id": str(token.pk),
         "job_id": str(job.pk),
         "request_id": str(quota_request.pk),
         "username": member.username,
