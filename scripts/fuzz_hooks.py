@@ -102,6 +102,7 @@ def refs() -> dict:
                 advisors={s["advisor"]: s["slug"] for s in scenarios if s["advisor"]},
                 usernames=sorted(logins),
                 login={"username": user, "password": logins.get(user, "")},
+                staff=bool(_get("/me/")["staff_roles"] or _get("/me/")["platform_admin"]),
             )
         return _refs
 
@@ -219,7 +220,20 @@ def advice(case, body: dict) -> None:
 
 
 def token(case, body: dict) -> None:
+    """The run's own login; `admin` scope only for staff (a token never exceeds its user)."""
     body |= refs()["login"]
+    if body.get("scope") == "admin" and not refs()["staff"]:
+        body["scope"] = "submit"
+
+
+def group_mapping(case, body: dict) -> None:
+    """A tenant that exists, and a group of its own each time the case is sent (a group mapped
+    twice to one tenant is a 400 on `group`)."""
+    tenants = sorted(visible_tenants())
+    if tenants:
+        body["tenant"] = pick(tenants, body.get("tenant"))
+    if isinstance(body.get("group"), str):
+        body["group"] = f"{body['group'].strip()[:60]}-{os.getpid()}x{next(_serial)}"
 
 
 # Where a positive alert channel posts: loopback, which the contract stack allows
@@ -262,6 +276,7 @@ BODIES = {
     "POST /api/v1/auth/token/": token,
     "POST /api/v1/tenants/{tenant_slug}/alert-channels/": channel,
     "PATCH /api/v1/tenants/{tenant_slug}/alert-channels/{id}/": channel,
+    "POST /api/v1/group-mappings/": group_mapping,
 }
 
 
