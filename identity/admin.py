@@ -1,14 +1,30 @@
 """Group mappings and directory links in the console. Mappings are written through the
 services, so that the console's changes are audited like the API's."""
 
+from django import forms
 from django.contrib import admin
 
 from identity import services
-from identity.models import DirectoryAccount, GroupMapping
+from identity.models import DirectoryAccount, GroupMapping, group_key
+
+
+class GroupMappingForm(forms.ModelForm):
+    class Meta:
+        model = GroupMapping
+        fields = ["source", "group", "tenant", "role"]
+
+    def clean(self):
+        """The group in the form it is compared in, before the form checks it is not mapped
+        already: a DN in other case or spacing is the same group."""
+        data = super().clean()
+        if data.get("source") and data.get("group"):
+            data["group"] = group_key(data["source"], data["group"])
+        return data
 
 
 @admin.register(GroupMapping)
 class GroupMappingAdmin(admin.ModelAdmin):
+    form = GroupMappingForm
     list_display = ["source", "group", "tenant", "role", "created"]
     list_filter = ["source", "role"]
     search_fields = ["group", "tenant__slug"]

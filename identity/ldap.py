@@ -40,11 +40,16 @@ class LdapBackend(LDAPBackend):
             return None
         return self._vouched(user, ldap_user, cause="sign-in")
 
+    def directory_allows(self, user) -> bool:
+        """Whether the directory lets the user in: with LDAP_ACTIVE_GROUP, membership of it (read
+        into is_active just now by django-auth-ldap); without, being found is enough."""
+        return "is_active" not in self.settings.USER_FLAGS_BY_GROUP or user.is_active
+
     def _vouched(self, user, ldap_user, *, cause: str):
-        if not user.is_active and not DirectoryAccount.objects.filter(user=user, gone__isnull=False).exists():
-            # Deactivated by a platform admin (or, with LDAP_ACTIVE_GROUP, by the directory just
-            # now): the sign-in does not undo that.
+        if not self.directory_allows(user):
             return None
+        if not user.is_active and not DirectoryAccount.objects.filter(user=user, gone__isnull=False).exists():
+            return None  # deactivated by a platform admin: the directory does not undo that
         try:
             directory_signed_in(
                 user=user,
@@ -89,7 +94,7 @@ def sync_ldap_users() -> dict[str, int]:
             if errors:
                 log.warning("LDAP sync of %s failed: %s", user.get_username(), type(errors[0]).__name__)
                 counts["failed"] += 1
-            elif found is None or not found.is_active:
+            elif found is None or not backend.directory_allows(found):
                 cause = "sync: not in the directory" if found is None else "sync: disabled in the directory"
                 directory_user_gone(user=user, cause=cause)
                 counts["gone"] += 1

@@ -72,3 +72,29 @@ def test_read_only_support_reads_and_may_not_write(client_for, admin_user, tenan
 
 def test_an_unknown_mapping_is_404(client_for, admin_user):
     assert_problem(client_for(admin_user).get(f"{URL}999/"), 404, "not_found")
+
+
+def test_the_console_maps_changes_and_unmaps_a_group_through_the_services(client, admin_user, tenant):
+    client.force_login(admin_user)
+    add = "/admin/identity/groupmapping/add/"
+    response = client.post(
+        add, {"source": "oidc", "group": "climate-lab", "tenant": tenant.pk, "role": "viewer"}
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    mapping = GroupMapping.objects.get()
+    assert (mapping.group, mapping.role) == ("climate-lab", "viewer")
+    dn = {"source": "ldap", "tenant": tenant.pk, "role": "owner"}
+    assert client.post(add, {**dn, "group": "cn=Lab,dc=portal,dc=test"}).status_code == 302
+    again = client.post(add, {**dn, "group": "CN=lab, DC=portal,dc=test"})  # the same DN
+    assert again.status_code == 200 and "already exists" in again.content.decode()
+    GroupMapping.objects.filter(source="ldap").delete()
+    change = f"/admin/identity/groupmapping/{mapping.pk}/change/"
+    assert client.post(change, {"role": "member"}).status_code == 302
+    assert GroupMapping.objects.get().role == "member"
+    assert (
+        client.post(f"/admin/identity/groupmapping/{mapping.pk}/delete/", {"post": "yes"}).status_code == 302
+    )
+    assert not GroupMapping.objects.exists()
+    audited = AuditEvent.objects.filter(action__startswith="group_mapping.", data__source="oidc")
+    actions = list(audited.values_list("action", "actor"))
+    assert actions == [(f"group_mapping.{a}", admin_user.pk) for a in ("delete", "role", "create")]

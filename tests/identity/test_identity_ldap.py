@@ -154,3 +154,29 @@ def test_an_unreachable_directory_disables_no_one(directory, mapped, tenant):
     with ldap_on(directory, uri=f"ldap://127.0.0.1:{free_port()}"):
         assert sync_directory() == {"synced": 0, "gone": 0, "failed": 1}
     assert User.objects.get(username="quin").is_active and _role("quin", tenant) == Role.MEMBER
+
+
+@pytest.mark.django_db
+def test_a_user_the_directory_disables_loses_access_at_the_next_sync(directory, mapped, tenant):
+    directory.add_group("gpu-active")
+    directory.add_user("rita", "rita-secret-1", groups=[MEMBERS, "gpu-active"])
+    with ldap_on(directory, LDAP_ACTIVE_GROUP=directory.group_dn("gpu-active")):
+        browser, status = _log_in("rita", "rita-secret-1")
+        assert status == 302
+        directory.set_groups("rita", [MEMBERS])  # still in the directory, no longer let in
+        assert sync_directory() == {"synced": 0, "gone": 1, "failed": 0}
+        assert browser.get("/t/protein-lab/").status_code == 302
+        assert _log_in("rita", "rita-secret-1")[1] == 200
+    assert AuditEvent.objects.get(action="user.disable").data["cause"] == "sync: disabled in the directory"
+
+
+@pytest.mark.django_db
+def test_a_user_a_platform_admin_deactivated_stays_so_through_sync_and_sign_in(directory, mapped):
+    directory.add_user("sam", "sam-secret-1", groups=[MEMBERS])
+    with ldap_on(directory):
+        assert _log_in("sam", "sam-secret-1")[1] == 302
+        User.objects.filter(username="sam").update(is_active=False)
+        assert sync_directory() == {"synced": 0, "gone": 0, "failed": 0}
+        assert _log_in("sam", "sam-secret-1")[1] == 200
+    sam = User.objects.get(username="sam")
+    assert not sam.is_active and sam.directory.gone is None
