@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from identity.models import DirectoryAccount, GroupMapping, group_key
+from identity.models import DirectoryAccount, GroupMapping, Source, group_key
 from portal.core.errors import Invalid
 from portal.core.models import ApiToken
 from portal.core.services import audit_record
@@ -120,7 +121,7 @@ def _cluster_username_set(user: AbstractBaseUser, name: str) -> None:
                     target=profile,
                     data={"username": user.get_username(), "cluster_username": [old, name]},
                 )
-    except Exception as exc:  # ValidationError (the name's form) or IntegrityError (someone else's)
+    except (ValidationError, IntegrityError) as exc:  # the name's form, or someone else's name
         log.warning("cluster username %r for %s not set: %s", name, user.get_username(), type(exc).__name__)
 
 
@@ -144,8 +145,12 @@ def directory_signed_in(
     account, made = DirectoryAccount.objects.get_or_create(
         user=user, defaults={"source": source, "subject": subject}
     )
-    if not made and (account.source, account.subject) != (source, subject):
-        raise DirectoryRefused(f"This account is linked to another {account.get_source_display()} identity.")
+    if not made and account.source != source:
+        raise DirectoryRefused(f"This account signs in through {account.get_source_display()}, not here.")
+    if not made and account.subject != subject:
+        if source != Source.LDAP:  # an OIDC `sub` never changes; an LDAP entry may be renamed
+            raise DirectoryRefused("This account is linked to another identity of the provider.")
+        account.subject = subject
     if account.gone is not None:
         user.is_active = True
         user.save(update_fields=["is_active"])
