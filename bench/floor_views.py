@@ -63,7 +63,8 @@ MEMBER = Membership._meta.db_table
 
 # Table names from the models' meta, values only as parameters: nothing a request sends is in the SQL.
 SQL_TOKEN = (
-    f"SELECT u.id FROM {TOKEN} t JOIN {USER} u ON u.id = t.user_id WHERE t.key_digest = %s AND t.expires > now() AND u.is_active"  # noqa: S608
+    f"SELECT u.id FROM {TOKEN} t JOIN {USER} u ON u.id = t.user_id "  # noqa: S608
+    "WHERE t.key_digest = %s AND t.expires > now() AND u.is_active"
 )
 COLUMNS = (  # jobs.selectors.API_JOB_FIELDS, in their order
     "j.id, t.slug, j.name, j.scenario_id, j.gpu_model_id, j.gpus, j.nodes, j.walltime_minutes, j.priority, "

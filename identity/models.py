@@ -7,6 +7,7 @@ import re
 from django.conf import settings
 from django.db import models
 
+from portal.core.fields import EncryptedTextField
 from tenants.models import Role, Tenant
 
 
@@ -60,6 +61,9 @@ class DirectoryAccount(models.Model):
     subject = models.CharField(max_length=512)
     groups = models.JSONField(default=list, blank=True)
     synced = models.DateTimeField(null=True, blank=True)
+    # The provider's refresh token, through which the sync asks an OpenID provider about the user
+    # (identity.oidc.sync_oidc_users); encrypted at rest, never shown.
+    refresh_token = EncryptedTextField(blank=True)
     # Set when the directory disabled or removed the user (identity.services.directory_user_gone):
     # a later sign-in that the directory accepts makes the user active again; a user a platform
     # admin deactivated stays so.

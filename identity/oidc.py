@@ -7,19 +7,23 @@ import logging
 from urllib.parse import urlencode
 
 import jwt
+import requests
 from django.conf import settings
 from django.core.exceptions import SuspiciousOperation
 from django.db import transaction
 from django.urls import reverse
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 from mozilla_django_oidc.middleware import SessionRefresh as OidcSessionRefresh
+from requests import RequestException
 
 from identity.discovery import discovered
 from identity.models import Source
+from identity.selectors import oidc_accounts_to_sync
 from identity.services import (
     DirectoryRefused,
     account_of,
     directory_signed_in,
+    directory_user_gone,
     directory_user_new,
 )
 
@@ -40,6 +44,37 @@ def _claim_list(claims: dict, name: str) -> list[str]:
 
 
 class OidcBackend(OIDCAuthenticationBackend):
+    refresh_token = ""  # the provider's, from this sign-in's code exchange (kept for the sync)
+
+    def get_token(self, payload):
+        token_info = super().get_token(payload)
+        self.refresh_token = token_info.get("refresh_token") or ""
+        return token_info
+
+    def refreshed(self, *, refresh_token: str, subject: str) -> tuple[dict, str] | None:
+        """The user's claims now and the next refresh token, through a refresh at the provider;
+        None when the provider refuses the grant (the user is gone, disabled, or revoked the
+        portal). A provider that cannot be reached raises."""
+        data = {
+            "grant_type": "refresh_token",
+            "refresh_token": refresh_token,
+            "client_id": self.OIDC_RP_CLIENT_ID,
+        }
+        auth = None
+        if self.get_settings("OIDC_TOKEN_USE_BASIC_AUTH", False):
+            auth = (self.OIDC_RP_CLIENT_ID, self.OIDC_RP_CLIENT_SECRET)
+        else:
+            data["client_secret"] = self.OIDC_RP_CLIENT_SECRET
+        response = requests.post(
+            self.OIDC_OP_TOKEN_ENDPOINT, data=data, auth=auth, timeout=self.get_settings("OIDC_TIMEOUT", 10)
+        )
+        if response.status_code in (400, 401) and _oauth_error(response) == "invalid_grant":
+            return None
+        response.raise_for_status()
+        answer = response.json()
+        claims = self.get_userinfo(answer["access_token"], None, {"sub": subject})
+        return claims, answer.get("refresh_token") or refresh_token
+
     def _verify_jws(self, payload, key):
         header = jwt.get_unverified_header(payload)
         if header.get("alg") != self.OIDC_RP_SIGN_ALGO:
@@ -118,6 +153,7 @@ class OidcBackend(OIDCAuthenticationBackend):
                 subject=claims["sub"],
                 groups=_claim_list(claims, settings.OIDC_GROUPS_CLAIM),
                 cluster_username=str(claims.get(settings.OIDC_CLUSTER_USERNAME_CLAIM) or ""),
+                refresh_token=self.refresh_token,
             )
         except DirectoryRefused as exc:
             raise OidcRefused(str(exc)) from None
@@ -141,6 +177,46 @@ class OidcBackend(OIDCAuthenticationBackend):
     def get_user(self, user_id):
         user = super().get_user(user_id)
         return user if user is not None and user.is_active else None
+
+
+def _oauth_error(response) -> str:
+    try:
+        return str(response.json().get("error", ""))
+    except ValueError:
+        return ""
+
+
+def sync_oidc_users() -> dict[str, int]:
+    """Ask the provider about every user who signed in through it, with their refresh token:
+    groups followed, and a user the provider refuses (gone, disabled) loses access. A provider
+    that cannot be reached disables no one. Counts by outcome."""
+    counts = {"synced": 0, "gone": 0, "failed": 0}
+    if not settings.OIDC_ISSUER:
+        return counts
+    backend = OidcBackend()
+    for account in oidc_accounts_to_sync().iterator(chunk_size=200):
+        user = account.user
+        try:
+            answer = backend.refreshed(refresh_token=account.refresh_token, subject=account.subject)
+            if answer is None:
+                directory_user_gone(user=user, cause="sync: the provider refused the user's refresh token")
+                counts["gone"] += 1
+                continue
+            claims, refresh_token = answer
+            directory_signed_in(
+                user=user,
+                source=Source.OIDC,
+                subject=account.subject,
+                groups=_claim_list(claims, settings.OIDC_GROUPS_CLAIM),
+                cluster_username=str(claims.get(settings.OIDC_CLUSTER_USERNAME_CLAIM) or ""),
+                cause="sync",
+                refresh_token=refresh_token,
+            )
+            counts["synced"] += 1
+        except (RequestException, ValueError, KeyError, SuspiciousOperation, DirectoryRefused) as exc:
+            log.warning("OIDC sync of %s failed: %s", user.get_username(), type(exc).__name__)
+            counts["failed"] += 1
+    return counts
 
 
 class SessionRefresh(OidcSessionRefresh):

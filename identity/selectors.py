@@ -17,3 +17,13 @@ def group_mappings_visible_to(*, user: AbstractBaseUser) -> QuerySet[GroupMappin
 def ldap_accounts_to_sync() -> QuerySet[DirectoryAccount]:
     """The users the LDAP sync reads again: signed in through LDAP, not gone from it."""
     return DirectoryAccount.objects.filter(source=Source.LDAP, gone__isnull=True).select_related("user")
+
+
+def oidc_accounts_to_sync() -> QuerySet[DirectoryAccount]:
+    """The users the OIDC sync asks the provider about: signed in through it with a refresh
+    token, active, not gone."""
+    return (
+        DirectoryAccount.objects.filter(source=Source.OIDC, gone__isnull=True, user__is_active=True)
+        .exclude(refresh_token="")
+        .select_related("user")
+    )

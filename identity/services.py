@@ -138,6 +138,7 @@ def directory_signed_in(
     groups: list[str],
     cluster_username: str = "",
     cause: str = "sign-in",
+    refresh_token: str = "",
 ) -> list[Conflict]:
     """The directory vouched for the user just now (a sign-in, or a sync that found them):
     link them, follow their groups, take their cluster username, and make them active again
@@ -163,6 +164,8 @@ def directory_signed_in(
         account.gone = None
     account.groups = sorted(set(groups))
     account.synced = timezone.now()
+    if refresh_token:  # a provider may answer a refresh without a new one: the old one stands
+        account.refresh_token = refresh_token
     account.save()
     _cluster_username_set(user, cluster_username)
     return groups_follow(user=user, source=source, groups=groups, cause=cause)

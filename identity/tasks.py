@@ -1,4 +1,5 @@
-"""The directory sync, run by beat every LDAP_SYNC_INTERVAL_S while LDAP is on."""
+"""The directory sync, run by beat every DIRECTORY_SYNC_INTERVAL_S: each user who signed in
+through LDAP or an OpenID provider is asked about again (identity/ldap.py, identity/oidc.py)."""
 
 from celery import shared_task
 from django.conf import settings
@@ -6,8 +7,16 @@ from django.conf import settings
 
 @shared_task(ignore_result=True)
 def sync_directory() -> dict[str, int]:
-    if not settings.LDAP_SERVER_URI:
-        return {}
-    from identity.ldap import sync_ldap_users  # python-ldap only where LDAP is on
+    """Counts by outcome, LDAP's and OIDC's together."""
+    counts = {"synced": 0, "gone": 0, "failed": 0}
+    if settings.LDAP_SERVER_URI:
+        from identity.ldap import sync_ldap_users  # python-ldap only where LDAP is on
 
-    return sync_ldap_users()
+        for outcome, number in sync_ldap_users().items():
+            counts[outcome] += number
+    if settings.OIDC_ISSUER:
+        from identity.oidc import sync_oidc_users
+
+        for outcome, number in sync_oidc_users().items():
+            counts[outcome] += number
+    return counts

@@ -233,6 +233,9 @@ OIDC_TIMEOUT = env_int("OIDC_TIMEOUT_S", 10, minimum=1, maximum=60)
 # has signed out or disabled loses the portal's session then (mozilla-django-oidc's SessionRefresh).
 OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = env_int("OIDC_RENEW_SECONDS", 900, minimum=30)
 OIDC_AUTHENTICATION_CALLBACK_URL = "oidc-callback"
+# How often every user who signed in through LDAP or the provider is asked about again (groups
+# followed; a user gone from the directory loses sessions and tokens): identity/tasks.py.
+DIRECTORY_SYNC_INTERVAL_S = env_int("DIRECTORY_SYNC_INTERVAL_S", 900, minimum=60)
 # Lazy: read from the discovery document when first used, never while OIDC is off.
 from identity.discovery import endpoint  # noqa: E402  (imports only requests and Django's utils)
 
@@ -247,7 +250,6 @@ if OIDC_ISSUER and not (OIDC_RP_CLIENT_ID and OIDC_RP_CLIENT_SECRET):
 # LDAP, on when LDAP_SERVER_URI is set: django-auth-ldap (the `ldap` extra), over StartTLS or
 # ldaps:// with the site's CA (identity/ldap.py reads the rest of LDAP_*).
 LDAP_SERVER_URI = env_str("LDAP_SERVER_URI", "")
-LDAP_SYNC_INTERVAL_S = env_int("LDAP_SYNC_INTERVAL_S", 900, minimum=60)
 if LDAP_SERVER_URI:
     from identity.ldap_settings import ldap_settings
 
@@ -451,8 +453,8 @@ CELERY_BEAT_SCHEDULE = {
     "watch-idle-gpus": {"task": "jobs.tasks.watch_idle_gpus", "schedule": 600.0, "options": {"expires": 580}},
     "sync-directory": {
         "task": "identity.tasks.sync_directory",
-        "schedule": float(LDAP_SYNC_INTERVAL_S),
-        "options": {"expires": LDAP_SYNC_INTERVAL_S - 5},
+        "schedule": float(DIRECTORY_SYNC_INTERVAL_S),
+        "options": {"expires": DIRECTORY_SYNC_INTERVAL_S - 5},
     },
     "sample-gpus": {
         "task": "jobs.tasks.sample_gpus",

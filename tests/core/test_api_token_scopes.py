@@ -48,11 +48,15 @@ def test_a_token_may_ask_for_fewer_days_but_never_more_than_the_site_maximum(ano
     body = _token(anon_client, "member", expires_in_days=7)
     assert ApiToken.objects.get(pk=body["id"]).expires - timezone.now() < timedelta(days=7, minutes=1)
     with override_settings(API_TOKEN_MAX_DAYS=30):
-        response = anon_client.post(TOKEN_URL, {"username": "member", "password": PASSWORD, "expires_in_days": 31})
+        response = anon_client.post(
+            TOKEN_URL, {"username": "member", "password": PASSWORD, "expires_in_days": 31}
+        )
     assert response.status_code == 400
     assert set(response.json()["errors"]) == {"expires_in_days"}
     for bad in (0, -1, "soon", 1.5):
-        response = anon_client.post(TOKEN_URL, {"username": "member", "password": PASSWORD, "expires_in_days": bad})
+        response = anon_client.post(
+            TOKEN_URL, {"username": "member", "password": PASSWORD, "expires_in_days": bad}
+        )
         assert response.status_code == 400 and set(response.json()["errors"]) == {"expires_in_days"}, bad
 
 

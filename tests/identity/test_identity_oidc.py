@@ -10,13 +10,18 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.test import Client
 from playwright.sync_api import expect
+from rest_framework.test import APIClient
 
 from identity.models import DirectoryAccount, GroupMapping, Source
+from identity.tasks import sync_directory
 from portal.core.models import ApiToken
+from portal.core.tokens import token_create
 from tenants.models import Membership, Profile, Role
-from tests.browser import browser_page, screenshot
+from tests.browser import browser_page, outside_the_browser, screenshot
+from tests.conftest import free_port
 from tests.http_support import loopback_server
 from tests.identity_support import oidc_on
 from tests.oidc_support import oidc_provider, sign_jwt
@@ -111,6 +116,66 @@ def test_a_session_ends_when_the_provider_no_longer_knows_the_user(live_server, 
         expect(page.locator("#sso-error")).to_contain_text("single sign-on session has ended")
         page.goto(f"{base}/t/protein-lab/")
         page.wait_for_url(f"{base}/accounts/login/**")  # signed out of the portal
+
+
+def test_the_sync_follows_the_providers_groups_and_ends_a_user_it_refuses(
+    live_server, provider, mapped, tenant
+):
+    quinn = {"sub": "sub-quinn", "preferred_username": "quinn"}
+    provider.set_user("quinn", "quinn-secret-1", **quinn, groups=[VIEWERS])
+    base = live_server.url
+
+    def stored_refresh_token() -> tuple[str, str]:
+        """The token as the portal reads it, and the column as the database holds it."""
+        user = User.objects.get(username="quinn")
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT refresh_token FROM identity_directoryaccount WHERE user_id = %s", [user.pk]
+            )
+            return user.directory.refresh_token, cursor.fetchone()[0]
+
+    def sync_as_the_provider_says(**change) -> dict:
+        if change:
+            provider.set_user("quinn", "quinn-secret-1", **quinn, **change)
+        else:
+            provider.remove_user("quinn")
+        return sync_directory()
+
+    with oidc_on(provider), browser_page() as page:
+        page.goto(f"{base}/accounts/oidc/login/")
+        _sign_in_at_provider(page, "quinn", "quinn-secret-1")
+        page.wait_for_url(f"{base}/t/protein-lab/")
+        expect(page.locator(".role-badge")).to_have_text("Viewer")
+        token, column = outside_the_browser(stored_refresh_token)
+        assert token and token not in column  # encrypted at rest
+        key = outside_the_browser(
+            lambda: token_create(user=User.objects.get(username="quinn"), name="cli")[1]
+        )
+        api = APIClient()
+        api.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+
+        assert outside_the_browser(sync_as_the_provider_says, groups=[OWNERS]) == {
+            "synced": 1,
+            "gone": 0,
+            "failed": 0,
+        }
+        role = outside_the_browser(lambda: Membership.objects.get(user__username="quinn", tenant=tenant).role)
+        assert role == Role.OWNER
+        assert outside_the_browser(sync_as_the_provider_says) == {"synced": 0, "gone": 1, "failed": 0}
+        assert outside_the_browser(lambda: api.get("/api/v1/me/").status_code) == 401
+        page.goto(f"{base}/t/protein-lab/")
+        page.wait_for_url(f"{base}/accounts/login/**")  # the browser's session ended too
+
+
+def test_an_unreachable_provider_disables_no_one(provider, mapped):
+    first, _ = _callback_with(
+        provider, lambda nonce: sign_jwt(_claims(provider, nonce), provider.private_key, provider.kid)
+    )
+    assert first.status_code == 302
+    DirectoryAccount.objects.filter(user__username="mallory").update(refresh_token="rt")
+    with oidc_on(provider, OIDC_OP_TOKEN_ENDPOINT=f"http://127.0.0.1:{free_port()}/token"):
+        assert sync_directory() == {"synced": 0, "gone": 0, "failed": 1}
+    assert User.objects.get(username="mallory").is_active
 
 
 # --- Bad answers. The provider's JWKS is real; the token and userinfo endpoints are a loopback

@@ -3,7 +3,7 @@
 // written by tests/oidc_support.py: { port, clients: [...], jwks: { keys: [private RS256 JWK] },
 // users_file }.
 //
-// What it does: the authorization code flow only, PKCE (S256) required of every client; scopes
+// What it does: the authorization code flow (and refresh tokens), PKCE (S256) required of every client; scopes
 // openid profile email groups, their claims in the ID token as well as at userinfo; RP-initiated
 // logout whose page submits itself. Its interactions are a login form of its own (login,
 // password) checked against the users file, read again at every lookup so that a test changes a
@@ -149,7 +149,7 @@ const provider = new Provider(ISSUER, {
     redirect_uris: client.redirect_uris,
     post_logout_redirect_uris: client.post_logout_redirect_uris ?? [],
     token_endpoint_auth_method: client.token_endpoint_auth_method ?? 'client_secret_post',
-    grant_types: ['authorization_code'],
+    grant_types: ['authorization_code', 'refresh_token'],
     response_types: ['code'],
     id_token_signed_response_alg: 'RS256',
   })),
@@ -159,6 +159,9 @@ const provider = new Provider(ISSUER, {
   clientAuthMethods: ['client_secret_basic', 'client_secret_post'],
   enabledJWA: { idTokenSigningAlgValues: ['RS256'] },
   pkce: { required: () => true },
+  // A refresh token for every code exchange of a client that may refresh (real providers differ:
+  // some want offline_access). A refresh whose account is gone is refused (invalid_grant).
+  issueRefreshToken: async (ctx, client) => client.grantTypeAllowed('refresh_token'),
   scopes: ['openid', 'profile', 'email', 'groups'],
   claims: {
     openid: ['sub'],
