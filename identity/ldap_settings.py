@@ -6,6 +6,17 @@ from django.core.exceptions import ImproperlyConfigured
 from portal.envvars import env_bool, env_secret, env_str
 
 
+def _fraction(name: str, default: str) -> float:
+    text = env_str(name, default)
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise ImproperlyConfigured(f"{name}={text!r} is not a fraction above 0 and at most 1")
+    return value
+
+
 def ldap_settings() -> dict:
     try:
         import ldap
@@ -21,6 +32,7 @@ def ldap_settings() -> dict:
         raise ImproperlyConfigured(
             "LDAP_SERVER_URI: passwords would cross the network in clear; use ldaps:// or LDAP_START_TLS=true"
         )
+    uid_attr = env_str("LDAP_UID_ATTR", "entryUUID")
     user_base = env_str("LDAP_USER_BASE")
     group_base = env_str("LDAP_GROUP_BASE")
     if not (user_base and group_base):
@@ -42,7 +54,7 @@ def ldap_settings() -> dict:
         "AUTH_LDAP_BIND_DN": env_str("LDAP_BIND_DN"),
         "AUTH_LDAP_BIND_PASSWORD": env_secret("LDAP_BIND_PASSWORD") or "",
         "AUTH_LDAP_USER_SEARCH": LDAPSearch(
-            user_base, ldap.SCOPE_SUBTREE, env_str("LDAP_USER_FILTER", "(uid=%(user)s)")
+            user_base, ldap.SCOPE_SUBTREE, env_str("LDAP_USER_FILTER", "(uid=%(user)s)"), ["*", uid_attr]
         ),
         "AUTH_LDAP_GROUP_SEARCH": LDAPSearch(
             group_base, ldap.SCOPE_SUBTREE, env_str("LDAP_GROUP_FILTER", "(objectClass=groupOfNames)")
@@ -52,8 +64,12 @@ def ldap_settings() -> dict:
         "AUTH_LDAP_ALWAYS_UPDATE_USER": True,
         "AUTH_LDAP_CACHE_TIMEOUT": 0,  # the sync must read the directory, not a cached answer
         "LDAP_CLUSTER_USERNAME_ATTR": env_str("LDAP_CLUSTER_USERNAME_ATTR", "uid"),
+        # Who a person is: an attribute that no rename changes and no new person inherits
+        # (OpenLDAP's entryUUID; 389-ds nsUniqueId). Operational: asked for by name.
+        "LDAP_UID_ATTR": uid_attr,
+        "AUTH_LDAP_USER_ATTRLIST": ["*", uid_attr],
+        # A user outside it is disabled in the directory's sense (identity.ldap.directory_allows).
+        "LDAP_ACTIVE_GROUP": env_str("LDAP_ACTIVE_GROUP"),
+        "LDAP_SYNC_MAX_GONE": _fraction("LDAP_SYNC_MAX_GONE", "0.2"),
     }
-    active_group = env_str("LDAP_ACTIVE_GROUP")
-    if active_group:  # a user outside it is disabled in the directory's sense
-        config["AUTH_LDAP_USER_FLAGS_BY_GROUP"] = {"is_active": active_group}
     return config

@@ -4,13 +4,15 @@ checked, a groups claim must be a list of strings) and tied to the portal's user
 `sub` claim, never the e-mail address (identity.services)."""
 
 import logging
+import time
 from urllib.parse import urlencode
 
 import jwt
 import requests
 from django.conf import settings
-from django.core.exceptions import SuspiciousOperation
+from django.core.exceptions import ImproperlyConfigured, SuspiciousOperation
 from django.db import transaction
+from django.http import HttpResponse
 from django.urls import reverse
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 from mozilla_django_oidc.middleware import SessionRefresh as OidcSessionRefresh
@@ -48,7 +50,11 @@ class OidcBackend(OIDCAuthenticationBackend):
 
     def get_token(self, payload):
         token_info = super().get_token(payload)
-        self.refresh_token = token_info.get("refresh_token") or ""
+        # Kept from a sign-in, not from a session refresh (prompt=none, on a signed-in session):
+        # providers drop offline_access there, and that refresh token would die with the
+        # provider's session, where the sign-in's outlives it.
+        refreshing = getattr(self.request, "user", None) is not None and self.request.user.is_authenticated
+        self.refresh_token = "" if refreshing else token_info.get("refresh_token") or ""
         return token_info
 
     def refreshed(self, *, refresh_token: str, subject: str) -> tuple[dict, str] | None:
@@ -87,7 +93,7 @@ class OidcBackend(OIDCAuthenticationBackend):
                 key,
                 algorithms=[self.OIDC_RP_SIGN_ALGO],
                 audience=self.OIDC_RP_CLIENT_ID,
-                issuer=settings.OIDC_ISSUER,
+                issuer=discovered(settings.OIDC_ISSUER)["issuer"],  # as the provider writes it
                 leeway=LEEWAY_S,
                 options={"require": ["exp", "iat", "iss", "aud", "sub"]},
             )
@@ -105,8 +111,19 @@ class OidcBackend(OIDCAuthenticationBackend):
     def retrieve_matching_jwk(self, token):
         try:
             return super().retrieve_matching_jwk(token)
-        except SuspiciousOperation:
+        except (SuspiciousOperation, KeyError, jwt.PyJWTError):  # no such key, no `kid`, not a JWT
             raise OidcRefused("The ID token names a key the provider does not publish.") from None
+
+    def verify_token(self, token, **kwargs):
+        if not isinstance(token, str) or token.count(".") != 2:
+            raise OidcRefused("The provider's answer holds no ID token.")
+        try:
+            alg = jwt.get_unverified_header(token).get("alg")
+        except jwt.PyJWTError as exc:  # a header that is no JSON, a `kid` that is no string
+            raise OidcRefused(f"The provider's answer is not a valid ID token: {exc}.") from None
+        if alg != self.OIDC_RP_SIGN_ALGO:  # before any key is looked for: "none" never verifies
+            raise OidcRefused(f"The ID token is signed with {alg!r}, not {self.OIDC_RP_SIGN_ALGO}.")
+        return super().verify_token(token, **kwargs)
 
     def get_userinfo(self, access_token, id_token, payload):
         """The userinfo answer over the ID token's claims; its `sub` must be the token's."""
@@ -170,7 +187,12 @@ class OidcBackend(OIDCAuthenticationBackend):
             raise
 
     def authenticate(self, request, **kwargs):
-        if not getattr(settings, "OIDC_ISSUER", ""):
+        # Only the callback's own call (it passes the nonce it kept): Django tries every backend
+        # on a failed password login too, and mozilla-django-oidc would then read `code` and
+        # `state` from any query string and spend the client's secret on them.
+        if not settings.OIDC_ISSUER or request is None or "nonce" not in kwargs:
+            return None
+        if request.path != reverse("oidc-callback"):
             return None
         return super().authenticate(request, **kwargs)
 
@@ -190,7 +212,7 @@ def sync_oidc_users() -> dict[str, int]:
     """Ask the provider about every user who signed in through it, with their refresh token:
     groups followed, and a user the provider refuses (gone, disabled) loses access. A provider
     that cannot be reached disables no one. Counts by outcome."""
-    counts = {"synced": 0, "gone": 0, "failed": 0}
+    counts = {"synced": 0, "gone": 0, "failed": 0, "held": 0}
     if not settings.OIDC_ISSUER:
         return counts
     backend = OidcBackend()
@@ -203,6 +225,10 @@ def sync_oidc_users() -> dict[str, int]:
                 counts["gone"] += 1
                 continue
             claims, refresh_token = answer
+            # Kept before anything else can fail: a provider that rotates refresh tokens has
+            # just spent the old one.
+            account.refresh_token = refresh_token
+            account.save(update_fields=["refresh_token"])
             directory_signed_in(
                 user=user,
                 source=Source.OIDC,
@@ -239,9 +265,21 @@ class SessionRefresh(OidcSessionRefresh):
         return {reverse(name) for name in ("logout", "oidc-login", "oidc-callback")}
 
     def process_request(self, request):
-        if not settings.OIDC_ISSUER:
+        if not settings.OIDC_ISSUER or not self.is_refreshable_url(request):
             return None
-        return super().process_request(request)
+        if request.session.get("oidc_id_token_expiration", 0) > time.time():
+            return None
+        if request.headers.get("HX-Request"):
+            # An htmx poll cannot follow a redirect to the provider: the whole page reloads
+            # instead, and that top-level GET goes through the provider (htmx's HX-Refresh).
+            response = HttpResponse(status=204)
+            response["HX-Refresh"] = "true"
+            return response
+        try:
+            return super().process_request(request)
+        except ImproperlyConfigured:  # the provider's discovery document unreadable now
+            log.warning("session refresh skipped: the provider cannot be reached")
+            return None
 
 
 def provider_logout_url(request) -> str | None:

@@ -4,6 +4,7 @@ so that the last-owner rule and the audit hold here as everywhere."""
 
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
@@ -11,9 +12,9 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from identity.models import DirectoryAccount, GroupMapping, Source, group_key
+from identity.models import DirectoryAccount, GroupMapping, group_key
 from portal.core.errors import Invalid
-from portal.core.models import ApiToken
+from portal.core.models import AuditEvent
 from portal.core.services import audit_record
 from portal.core.validators import cluster_username_validator
 from tenants.errors import LastOwner
@@ -24,6 +25,7 @@ from tenants.services import membership_add, membership_change_role, membership_
 
 log = logging.getLogger(__name__)
 
+CONFLICT_REPORTED_FOR = timedelta(days=1)  # a standing conflict is mailed once a day, not every sync
 ROLE_RANK = {Role.VIEWER: 0, Role.MEMBER: 1, Role.MANAGER: 2, Role.OWNER: 3}
 
 
@@ -89,6 +91,14 @@ def _conflict(membership: Membership, *, wanted: str, cause: str) -> Conflict:
         wanted=wanted,
         held=membership.role,
     )
+    reported = AuditEvent.objects.filter(
+        action="membership.sync_conflict",
+        target_id=str(membership.pk),
+        data__role=[conflict.held, wanted or None],
+        at__gte=timezone.now() - CONFLICT_REPORTED_FOR,
+    )
+    if reported.exists():  # told already: each sync would say it again
+        return conflict
     audit_record(
         actor=None,
         action="membership.sync_conflict",
@@ -149,9 +159,11 @@ def directory_signed_in(
     if not made and account.source != source:
         raise DirectoryRefused(f"This account signs in through {account.get_source_display()}, not here.")
     if not made and account.subject != subject:
-        if source != Source.LDAP:  # an OIDC `sub` never changes; an LDAP entry may be renamed
-            raise DirectoryRefused("This account is linked to another identity of the provider.")
-        account.subject = subject
+        # An OIDC `sub` never changes, nor an LDAP entry's entryUUID: another subject is another
+        # person (a recycled username), who must not inherit this account.
+        raise DirectoryRefused(
+            "This account belongs to another identity of the directory; ask a platform admin."
+        )
     if account.gone is not None:
         user.is_active = True
         user.save(update_fields=["is_active"])
@@ -178,10 +190,10 @@ def directory_user_new(
     password of the portal's, so only the directory signs them in. A local user of the same name
     is never taken over: that would let the directory sign in as them."""
     User = get_user_model()
-    if User.objects.filter(username=username).exists():
+    if User.objects.filter(username__iexact=username).exists():  # names compare without case here
         raise DirectoryRefused(
             f"A portal account named {username} exists and is not linked to this sign-in; "
-            "a platform admin can link it."
+            "ask a platform admin."
         )
     try:
         with transaction.atomic():
@@ -196,33 +208,36 @@ def directory_user_new(
                 actor=None, action="user.create", target=user, data={"username": username, "source": source}
             )
     except IntegrityError:
+        raise DirectoryRefused(f"The account {username} was just made by another sign-in.") from None
+    except ValidationError as exc:
+        reasons = "; ".join(f"{field}: {' '.join(errors)}" for field, errors in exc.message_dict.items())
         raise DirectoryRefused(
-            f"The account {username} was just made by another sign-in; try again."
+            f"The directory's name for you cannot be a portal username ({reasons})"
         ) from None
     return user
 
 
 @transaction.atomic
-def directory_user_gone(*, user: AbstractBaseUser, cause: str) -> int:
-    """The directory disabled or removed the user: they lose access now. Their sessions end (a
-    new unusable password changes the session hash Django checks on every request) and their API
-    tokens are revoked; memberships stay, for the record and for a return. Returns the tokens
-    revoked."""
+def directory_user_gone(*, user: AbstractBaseUser, cause: str) -> None:
+    """The directory disabled or removed the user, or the provider refused their grant: they lose
+    access now. The account becomes inactive with a new unusable password, which changes the
+    session hash Django checks on every request, so every session ends; an inactive user's API
+    tokens answer 401. Memberships and tokens are kept: a sign-in the directory accepts again
+    brings them back (directory_signed_in), a false alarm costs a sign-in, not a lab's tokens."""
     account = DirectoryAccount.objects.select_for_update().get(user=user)
     if account.gone is None:
         account.gone = timezone.now()
-        account.save(update_fields=["gone"])
+    account.refresh_token = ""  # refused once, it is asked no more; the next sign-in brings another
+    account.save(update_fields=["gone", "refresh_token"])
     user.is_active = False
     user.set_unusable_password()
     user.save(update_fields=["is_active", "password"])
-    revoked, _ = ApiToken.objects.filter(user=user).delete()
     audit_record(
         actor=None,
         action="user.disable",
         target=user,
-        data={"username": user.get_username(), "cause": cause, "tokens_revoked": revoked},
+        data={"username": user.get_username(), "cause": cause},
     )
-    return revoked
 
 
 # --- Group mappings (platform admins: the console and the API)

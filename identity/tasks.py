@@ -8,7 +8,7 @@ from django.conf import settings
 @shared_task(ignore_result=True)
 def sync_directory() -> dict[str, int]:
     """Counts by outcome, LDAP's and OIDC's together."""
-    counts = {"synced": 0, "gone": 0, "failed": 0}
+    counts = {"synced": 0, "gone": 0, "failed": 0, "held": 0}
     if settings.LDAP_SERVER_URI:
         from identity.ldap import sync_ldap_users  # python-ldap only where LDAP is on
 

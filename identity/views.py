@@ -5,6 +5,7 @@ the provider (RP-initiated logout)."""
 import logging
 
 from django.conf import settings
+from django.contrib import auth
 from django.contrib.auth import views as auth_views
 from django.core.exceptions import SuspiciousOperation
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -45,6 +46,12 @@ class LoginView(auth_views.LoginView):
 
 
 class OidcLoginView(OIDCAuthenticationRequestView):
+    def get_extra_params(self, request):
+        # OIDC_PROMPT=consent: spec-strict providers grant offline_access (the sync's refresh
+        # token) only with it. Here, not in OIDC_AUTH_REQUEST_EXTRA_PARAMS: the session refresh
+        # would send it too, in place of its prompt=none.
+        return {"prompt": settings.OIDC_PROMPT} if settings.OIDC_PROMPT else {}
+
     def get(self, request):
         if not settings.OIDC_ISSUER:
             return LoginView.refused(request, _("Single sign-on is not set up on this portal."), status=404)
@@ -65,19 +72,31 @@ class OidcCallbackView(OIDCAuthenticationCallbackView):
         try:
             return super().get(request)
         except OidcRefused as exc:
+            self.forget_sign_in()
             return LoginView.refused(request, _("Sign-in refused: %(why)s") % {"why": exc})
         except SuspiciousOperation:  # the state: unknown, already used, or from another browser
+            self.forget_sign_in()
             return LoginView.refused(
                 request, _("This sign-in was already used or has expired. Please sign in again.")
             )
-        except RequestException:
+        except (RequestException, KeyError, ValueError):  # unreachable, or an answer not understood
+            self.forget_sign_in()
             log.warning("the provider's token or user information endpoint failed")
             return LoginView.refused(
                 request, _("The identity provider did not complete the sign-in. Please try again."), 502
             )
 
+    def forget_sign_in(self) -> None:
+        """A refused sign-in leaves nothing: not the ID token mozilla-django-oidc kept before the
+        refusal (a later logout would send it as another's hint), nor a session it was
+        refreshing (the provider no longer vouches for it)."""
+        self.request.session.pop("oidc_id_token", None)
+        if self.request.user.is_authenticated:
+            auth.logout(self.request)
+
     def login_failure(self):
         request = self.request
+        self.forget_sign_in()
         refused = getattr(request, "oidc_refused", None)
         if refused:
             return LoginView.refused(request, _("Sign-in refused: %(why)s") % {"why": refused})

@@ -8,7 +8,7 @@ from clusters.models import Cluster
 from jobs.models import Job, JobEvent, JobGpuSample, JobState
 from jobs.states import ACTIVE_IN_SCHEDULER
 from portal.core.compiled import CompiledQuery
-from portal.core.staff import sees_all_tenants
+from portal.core.staff import sees_all_tenants, holds_staff_perm
 from tenants import roles
 from tenants.models import Tenant, TenantUserPermission
 from tenants.selectors import tenant_id_list_visible_to, tenant_ids_visible_to, tenant_perms
@@ -162,7 +162,7 @@ def job_may_cancel(*, user: AbstractBaseUser, job: Job) -> bool:
     """Who may cancel the job: whoever may act on it (job_is_own_or_managed), and staff who hold
     `jobs.change_job`, the permission the console's bulk cancel asks for: one rule for the API,
     the pages and the console."""
-    return job_is_own_or_managed(user=user, job=job) or user.has_perm("jobs.change_job")
+    return job_is_own_or_managed(user=user, job=job) or holds_staff_perm(user, "jobs.change_job")
 
 
 def job_is_own_or_managed(*, user: AbstractBaseUser, job: Job) -> bool:

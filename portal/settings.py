@@ -219,7 +219,11 @@ OIDC_ISSUER = env_str("OIDC_ISSUER", "").rstrip("/")
 OIDC_PROVIDER_NAME = env_str("OIDC_PROVIDER_NAME", "single sign-on")
 OIDC_RP_CLIENT_ID = env_str("OIDC_CLIENT_ID", "")
 OIDC_RP_CLIENT_SECRET = env_secret("OIDC_CLIENT_SECRET") or ""
-OIDC_RP_SCOPES = env_str("OIDC_SCOPES", "openid email profile groups")
+# offline_access: a refresh token that outlives the provider's session, for the sync (identity/oidc.py).
+OIDC_RP_SCOPES = env_str("OIDC_SCOPES", "openid email profile groups offline_access")
+# `consent` for providers that issue offline_access only when asked with prompt=consent (the
+# spec's rule, e.g. node's oidc-provider); Keycloak and Entra ID do not need it.
+OIDC_PROMPT = env_choice("OIDC_PROMPT", "", {"", "consent", "login", "select_account"})
 OIDC_RP_SIGN_ALGO = env_choice("OIDC_SIGN_ALGO", "RS256", {"RS256", "RS384", "RS512", "ES256", "ES384"})
 OIDC_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
 OIDC_USERNAME_CLAIM = env_str("OIDC_USERNAME_CLAIM", "preferred_username")

@@ -50,6 +50,7 @@ def oidc_on(provider, *, name: str = "Campus SSO", **more):
     overrides = {
         "OIDC_ISSUER": provider.issuer,
         "OIDC_PROVIDER_NAME": name,
+        "OIDC_PROMPT": "consent",  # oidc-provider grants offline_access only so (the spec's rule)
         "OIDC_RP_CLIENT_ID": provider.client_id,
         "OIDC_RP_CLIENT_SECRET": provider.client_secret,
         "OIDC_OP_AUTHORIZATION_ENDPOINT": discovery.endpoint("authorization_endpoint"),

@@ -375,7 +375,7 @@ class SiteSeeder:
         ):
             at = tenant.created if role == Role.OWNER else tenant.created + self._days(0, 10)
             joined[user] = min(at, joined.get(user, at))
-            rows.append((pk, self.user_ids[user], tenant.id, role, at))
+            rows.append((pk, self.user_ids[user], tenant.id, role, at, False))  # made by hand, not a mapping
             perm_rows.extend(
                 (self.user_ids[user], perm_ids[code], tenant.id) for code in ROLE_PERMISSIONS[role]
             )
@@ -412,7 +412,9 @@ class SiteSeeder:
             self._audit(
                 tenant.created, self.admin, "tenant.create", Tenant, tenant.id, tenant, {"tier": tenant.tier}
             )
-        self.counts["memberships"] = copy_rows(Membership, ["id", "user", "tenant", "role", "joined"], rows)
+        self.counts["memberships"] = copy_rows(
+            Membership, ["id", "user", "tenant", "role", "joined", "managed"], rows
+        )
         self.counts["permissions"] = copy_rows(
             TenantUserPermission, ["user", "permission", "content_object"], perm_rows
         )

@@ -35,6 +35,12 @@ def _holds(user: AbstractBaseUser, perm: str) -> bool:
     )
 
 
+def holds_staff_perm(user: AbstractBaseUser, perm: str) -> bool:
+    """A console permission ("jobs.change_job") as a staff power: with is_staff, an active
+    account, and (through a token) only an `admin` token."""
+    return _holds(user, perm)
+
+
 def holds_staff_power(user: AbstractBaseUser) -> bool:
     """Whether any staff power is the user's (ignoring a token's scope): who may hold an `admin`
     token."""

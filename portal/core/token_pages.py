@@ -74,7 +74,9 @@ def token_new(request: HttpRequest) -> HttpResponse:
         else:
             token.key = key
             # The key is in this answer only: a redirect would have to keep it somewhere.
-            return _page(request, TokenForm(user=request.user), created=token, status=201)
+            response = _page(request, TokenForm(user=request.user), created=token, status=201)
+            response["Cache-Control"] = "no-store"  # the key: in no cache, not even the browser's
+            return response
     return _page(request, form, status=400)
 
 

@@ -5,6 +5,7 @@ owner kept with the conflict audited and mailed, a gone user's sessions and toke
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
+from rest_framework.test import APIClient
 
 from identity.models import DirectoryAccount, GroupMapping, Source
 from identity.services import (
@@ -137,16 +138,20 @@ def test_a_user_the_directory_removed_loses_sessions_and_tokens_and_comes_back_b
     browser = Client()
     browser.force_login(user, backend="django.contrib.auth.backends.ModelBackend")
     assert browser.get("/api/v1/me/").status_code == 200
-    token_create(user=user, name="laptop")
-    assert directory_user_gone(user=user, cause="sync: not in the directory") == 1
+    _, key = token_create(user=user, name="laptop")
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    directory_user_gone(user=user, cause="sync: not in the directory")
     assert browser.get("/api/v1/me/").status_code in (401, 403)
-    assert not ApiToken.objects.filter(user=user).exists()
+    assert api.get("/api/v1/me/").status_code == 401
+    assert ApiToken.objects.filter(user=user).exists()  # kept, for a false alarm
     user.refresh_from_db()
     assert not user.is_active and _role(user, tenant) == Role.MEMBER  # kept for the record
     directory_signed_in(user=user, source=Source.LDAP, subject=user.directory.subject, groups=[MEMBERS])
     user.refresh_from_db()
     assert user.is_active
     assert AuditEvent.objects.filter(action="user.enable", target_id=str(user.pk)).exists()
+    assert api.get("/api/v1/me/").status_code == 200
 
 
 def test_a_user_a_platform_admin_disabled_is_not_brought_back_by_the_directory():
@@ -154,3 +159,36 @@ def test_a_user_a_platform_admin_disabled_is_not_brought_back_by_the_directory()
     DirectoryAccount.objects.create(user=user, source=Source.LDAP, subject="uid=dora,dc=portal,dc=test")
     directory_signed_in(user=user, source=Source.LDAP, subject="uid=dora,dc=portal,dc=test", groups=[])
     assert not get_user_model().objects.get(pk=user.pk).is_active
+
+
+def test_another_subject_behind_a_known_username_is_refused(mapped):
+    user, _ = _signed_in("tom", [MEMBERS])
+    with pytest.raises(DirectoryRefused, match="another identity"):
+        directory_signed_in(user=user, source=Source.LDAP, subject="uid=tom,ou=elsewhere", groups=[OWNERS])
+    assert DirectoryAccount.objects.get(user=user).subject == "uid=tom,ou=people,dc=portal,dc=test"
+
+
+def test_a_standing_conflict_is_reported_once_a_day_not_at_every_sync(
+    mapped, tenant, admin_user, mailoutbox, django_capture_on_commit_callbacks
+):
+    admin_user.email = "root@example.org"
+    admin_user.save()
+    user, _ = _signed_in("alice", [OWNERS])
+    with django_capture_on_commit_callbacks(execute=True):
+        for _ in range(3):
+            assert len(groups_follow(user=user, source=Source.LDAP, groups=[MEMBERS], cause="sync")) == 1
+    assert AuditEvent.objects.filter(action="membership.sync_conflict").count() == 1
+    assert len(mailoutbox) == 1
+
+
+def test_a_name_the_portal_cannot_take_is_refused_with_the_reason():
+    with pytest.raises(DirectoryRefused, match="cannot be a portal username"):
+        directory_user_new(
+            username="o'brien", email="", first_name="", last_name="", source=Source.OIDC, subject="s"
+        )
+    with pytest.raises(DirectoryRefused, match="exists and is not linked"):
+        UserFactory(username="bob")
+        directory_user_new(
+            username="BOB", email="", first_name="", last_name="", source=Source.OIDC, subject="s"
+        )
+    assert not DirectoryAccount.objects.exists()

@@ -71,7 +71,8 @@ def test_a_directory_user_signs_in_on_the_login_page_as_their_groups_say(
     user = User.objects.get(username="lena")
     assert not user.has_usable_password()  # only the directory signs her in
     assert user.email == "lena@portal.test"
-    assert user.directory.subject == directory.user_dn("lena")
+    entry = directory.search(directory.user_dn("lena"), "(objectClass=*)", "entryUUID")[0]
+    assert user.directory.subject == entry["entryUUID"][0]  # who she is for good, not her DN
     assert Profile.objects.get(user=user).cluster_username == "lena"  # from `uid`
     assert Membership.objects.get(user=user, tenant=tenant).managed
 
@@ -91,13 +92,13 @@ def test_the_sync_moves_a_user_between_roles_and_a_removed_user_loses_access(dir
         ]
 
         directory.set_groups("max", [OWNERS])
-        assert sync_directory() == {"synced": 1, "gone": 0, "failed": 0}
+        assert sync_directory() == {"synced": 1, "gone": 0, "failed": 0, "held": 0}
         assert _role("max", tenant) == Role.OWNER
         cause = AuditEvent.objects.filter(action="membership.role", data__username="max").get().data["cause"]
         assert cause == f"sync: group {directory.group_dn(OWNERS).lower()}"
 
         directory.remove_user("max")
-        assert sync_directory() == {"synced": 0, "gone": 1, "failed": 0}
+        assert sync_directory() == {"synced": 0, "gone": 1, "failed": 0, "held": 0}
         assert browser.get("/t/protein-lab/").status_code == 302  # to the login page: the session ended
         assert api.get("/api/v1/me/").status_code == 401
         assert _log_in("max", "max-secret-1")[1] == 200
@@ -152,31 +153,72 @@ def test_an_unreachable_directory_disables_no_one(directory, mapped, tenant):
     with ldap_on(directory):
         assert _log_in("quin", "quin-secret-1")[1] == 302
     with ldap_on(directory, uri=f"ldap://127.0.0.1:{free_port()}"):
-        assert sync_directory() == {"synced": 0, "gone": 0, "failed": 1}
+        assert sync_directory() == {"synced": 0, "gone": 0, "failed": 1, "held": 0}
     assert User.objects.get(username="quin").is_active and _role("quin", tenant) == Role.MEMBER
 
 
 @pytest.mark.django_db
 def test_a_user_the_directory_disables_loses_access_at_the_next_sync(directory, mapped, tenant):
-    directory.add_group("gpu-active")
     directory.add_user("rita", "rita-secret-1", groups=[MEMBERS, "gpu-active"])
     with ldap_on(directory, LDAP_ACTIVE_GROUP=directory.group_dn("gpu-active")):
         browser, status = _log_in("rita", "rita-secret-1")
         assert status == 302
         directory.set_groups("rita", [MEMBERS])  # still in the directory, no longer let in
-        assert sync_directory() == {"synced": 0, "gone": 1, "failed": 0}
+        assert sync_directory() == {"synced": 0, "gone": 1, "failed": 0, "held": 0}
         assert browser.get("/t/protein-lab/").status_code == 302
         assert _log_in("rita", "rita-secret-1")[1] == 200
     assert AuditEvent.objects.get(action="user.disable").data["cause"] == "sync: disabled in the directory"
 
 
 @pytest.mark.django_db
-def test_a_user_a_platform_admin_deactivated_stays_so_through_sync_and_sign_in(directory, mapped):
-    directory.add_user("sam", "sam-secret-1", groups=[MEMBERS])
-    with ldap_on(directory):
-        assert _log_in("sam", "sam-secret-1")[1] == 302
-        User.objects.filter(username="sam").update(is_active=False)
-        assert sync_directory() == {"synced": 0, "gone": 0, "failed": 0}
-        assert _log_in("sam", "sam-secret-1")[1] == 200
-    sam = User.objects.get(username="sam")
+@pytest.mark.parametrize("active_group", [False, True])
+def test_a_user_a_platform_admin_deactivated_stays_so_through_sync_and_sign_in(
+    directory, mapped, active_group
+):
+    uid = f"sam{int(active_group)}"
+    directory.add_user(uid, "sam-secret-1", groups=[MEMBERS, "gpu-active"])
+    more = {"LDAP_ACTIVE_GROUP": directory.group_dn("gpu-active")} if active_group else {}
+    with ldap_on(directory, **more):
+        assert _log_in(uid, "sam-secret-1")[1] == 302
+        User.objects.filter(username=uid).update(is_active=False)
+        assert sync_directory() == {"synced": 0, "gone": 0, "failed": 0, "held": 0}
+        assert _log_in(uid, "sam-secret-1")[1] == 200
+    sam = User.objects.get(username=uid)
     assert not sam.is_active and sam.directory.gone is None
+
+
+@pytest.mark.django_db
+def test_a_refused_first_sign_in_leaves_nothing_and_a_later_one_works(directory):
+    directory.add_user("uma", "uma-secret-1", groups=[MEMBERS])
+    with ldap_on(directory, LDAP_ACTIVE_GROUP=directory.group_dn("gpu-active")):
+        assert _log_in("uma", "uma-secret-1")[1] == 200
+        assert not User.objects.filter(username="uma").exists()
+        directory.set_groups("uma", [MEMBERS, "gpu-active"])
+        assert _log_in("uma", "uma-secret-1")[1] == 302
+
+
+@pytest.mark.django_db
+def test_a_recycled_uid_never_inherits_the_old_account(directory, mapped, tenant):
+    directory.add_user("vic", "vic-secret-1", groups=[OWNERS])
+    with ldap_on(directory):
+        assert _log_in("vic", "vic-secret-1")[1] == 302
+        directory.remove_user("vic")
+        assert sync_directory()["gone"] == 1
+        directory.add_user("vic", "new-person-1", groups=[MEMBERS])  # a new entry, a new entryUUID
+        assert _log_in("vic", "new-person-1")[1] == 200
+    vic = User.objects.get(username="vic")
+    assert not vic.is_active and _role("vic", tenant) == Role.OWNER  # the old account, untouched
+
+
+@pytest.mark.django_db
+def test_a_sync_that_would_disable_most_users_disables_none(directory, mapped):
+    names = [f"w{n}" for n in range(4)]
+    for name in names:
+        directory.add_user(name, f"{name}-secret-1", groups=[MEMBERS])
+    with ldap_on(directory):
+        for name in names:
+            assert _log_in(name, f"{name}-secret-1")[1] == 302
+    # A filter that finds no one, as a broken search would: every user looks gone.
+    with ldap_on(directory, LDAP_USER_FILTER="(&(uid=%(user)s)(description=nobody))"):
+        assert sync_directory() == {"synced": 0, "gone": 0, "failed": 0, "held": 4}
+    assert User.objects.filter(username__in=names, is_active=True).count() == 4

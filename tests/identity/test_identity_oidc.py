@@ -4,7 +4,9 @@ makes an API token, signs out of the portal and the provider; a session ends whe
 no longer knows the user; and bad answers (a forged, expired or foreign ID token, a replayed
 state, a groups claim that is not a list) are refused with a message and create nothing."""
 
+import html
 import json
+import re
 import time
 from urllib.parse import parse_qs, urlsplit
 
@@ -82,6 +84,8 @@ def test_a_researcher_signs_in_through_the_provider_lands_on_their_tenant_and_si
         page.get_by_role("link", name="Sign in with Campus SSO").click()
         page.wait_for_url(f"{provider.issuer}/**")
         expect(page.locator("input[name=password]")).to_be_visible()
+    with oidc_on(provider):  # logged out, not gone: the offline refresh token outlives the session
+        assert sync_directory() == {"synced": 1, "gone": 0, "failed": 0, "held": 0}
 
     user = User.objects.get(username="olivia")
     assert not user.has_usable_password()
@@ -158,10 +162,16 @@ def test_the_sync_follows_the_providers_groups_and_ends_a_user_it_refuses(
             "synced": 1,
             "gone": 0,
             "failed": 0,
+            "held": 0,
         }
         role = outside_the_browser(lambda: Membership.objects.get(user__username="quinn", tenant=tenant).role)
         assert role == Role.OWNER
-        assert outside_the_browser(sync_as_the_provider_says) == {"synced": 0, "gone": 1, "failed": 0}
+        assert outside_the_browser(sync_as_the_provider_says) == {
+            "synced": 0,
+            "gone": 1,
+            "failed": 0,
+            "held": 0,
+        }
         assert outside_the_browser(lambda: api.get("/api/v1/me/").status_code) == 401
         page.goto(f"{base}/t/protein-lab/")
         page.wait_for_url(f"{base}/accounts/login/**")  # the browser's session ended too
@@ -174,7 +184,7 @@ def test_an_unreachable_provider_disables_no_one(provider, mapped):
     assert first.status_code == 302
     DirectoryAccount.objects.filter(user__username="mallory").update(refresh_token="rt")
     with oidc_on(provider, OIDC_OP_TOKEN_ENDPOINT=f"http://127.0.0.1:{free_port()}/token"):
-        assert sync_directory() == {"synced": 0, "gone": 0, "failed": 1}
+        assert sync_directory() == {"synced": 0, "gone": 0, "failed": 1, "held": 0}
     assert User.objects.get(username="mallory").is_active
 
 
@@ -216,8 +226,11 @@ def _callback_with(provider, make_token, *, userinfo=None, replay: bool = False)
 
 
 def _refusal(response) -> str:
+    """The message the login page shows for a refused sign-in."""
     assert response.status_code == 400, response.status_code
-    return response.content.decode()
+    found = re.search(r'id="sso-error">([^<]*)<', response.content.decode())
+    assert found, "no message on the page"
+    return html.unescape(found[1])
 
 
 def test_a_well_formed_answer_signs_in_the_control_case(provider, mapped, tenant):
@@ -236,6 +249,8 @@ def test_a_well_formed_answer_signs_in_the_control_case(provider, mapped, tenant
         ("audience", "another client"),
         ("issuer", "another provider"),
         ("unknown key", "key the provider does not publish"),
+        ("no kid", "not a valid ID token"),
+        ("alg none", "The ID token is signed with"),
     ],
 )
 def test_bad_id_tokens_are_refused_with_a_message_and_create_nothing(provider, mapped, case, message):
@@ -254,8 +269,12 @@ def test_bad_id_tokens_are_refused_with_a_message_and_create_nothing(provider, m
             claims["aud"] = "another-portal"
         elif case == "issuer":
             claims["iss"] = "http://127.0.0.1:1/evil"
-        else:
+        elif case == "unknown key":
             key, kid = other_key, "no-such-kid"
+        elif case == "no kid":
+            kid = None
+        else:
+            return sign_jwt(claims, key, kid, alg="none")
         return sign_jwt(claims, key, kid)
 
     first, _ = _callback_with(provider, token)
@@ -296,3 +315,38 @@ def test_a_provider_name_that_is_a_local_account_is_refused(provider, member):
     )
     assert "exists and is not linked" in _refusal(first)
     assert not DirectoryAccount.objects.exists()
+
+
+def test_a_password_login_with_a_code_in_its_query_never_reaches_the_provider(provider, member):
+    calls = []
+
+    def answer(request):
+        calls.append(request.path)
+        return 400, "application/json", b'{"error": "invalid_grant"}'
+
+    with (
+        loopback_server(answer) as address,
+        oidc_on(provider, OIDC_OP_TOKEN_ENDPOINT=f"http://{address}/token"),
+    ):
+        response = Client().post(
+            "/accounts/login/?code=x&state=y", {"username": "member", "password": "wrong"}
+        )
+        token = APIClient().post(
+            "/api/v1/auth/token/?code=x&state=y", {"username": "member", "password": "wrong"}, format="json"
+        )
+    assert response.status_code == 200 and token.status_code == 400
+    assert calls == []
+
+
+def test_an_htmx_poll_past_the_renewal_reloads_the_page_instead_of_following_a_redirect(provider, member):
+    client = Client()
+    with oidc_on(provider):
+        client.force_login(member, backend="identity.oidc.OidcBackend")
+        session = client.session
+        session["oidc_id_token_expiration"] = 0
+        session.save()
+        poll = client.get("/t/protein-lab/jobs/rows/", HTTP_HX_REQUEST="true")
+        page = client.get("/t/protein-lab/jobs/")
+    assert poll.status_code == 204 and poll["HX-Refresh"] == "true"
+    assert page.status_code == 302 and page["Location"].startswith(provider.authorization_endpoint)
+    assert "prompt=none" in page["Location"]

@@ -3,12 +3,12 @@
 // written by tests/oidc_support.py: { port, clients: [...], jwks: { keys: [private RS256 JWK] },
 // users_file }.
 //
-// What it does: the authorization code flow (and refresh tokens), PKCE (S256) required of every client; scopes
+// What it does: the authorization code flow (refresh tokens with offline_access), PKCE (S256) required of every client; scopes
 // openid profile email groups, their claims in the ID token as well as at userinfo; RP-initiated
 // logout whose page submits itself. Its interactions are a login form of its own (login,
 // password) checked against the users file, read again at every lookup so that a test changes a
 // user's groups or removes the user between two sign-ins; consent is given for every configured
-// client without a page. A session whose user has been removed from the file asks for a login
+// client without a page (also when the client asks for it: prompt=consent). A session whose user has been removed from the file asks for a login
 // again (prompt=none: error=login_required). Only errors are written to stderr.
 
 import { readFileSync } from 'node:fs';
@@ -159,10 +159,10 @@ const provider = new Provider(ISSUER, {
   clientAuthMethods: ['client_secret_basic', 'client_secret_post'],
   enabledJWA: { idTokenSigningAlgValues: ['RS256'] },
   pkce: { required: () => true },
-  // A refresh token for every code exchange of a client that may refresh (real providers differ:
-  // some want offline_access). A refresh whose account is gone is refused (invalid_grant).
-  issueRefreshToken: async (ctx, client) => client.grantTypeAllowed('refresh_token'),
-  scopes: ['openid', 'profile', 'email', 'groups'],
+  // offline_access: a refresh token that outlives the provider's session (and its logout), as the
+  // portal's sync needs; oidc-provider's defaults issue one for that scope only. A refresh whose
+  // account is gone is refused (invalid_grant).
+  scopes: ['openid', 'offline_access', 'profile', 'email', 'groups'],
   claims: {
     openid: ['sub'],
     profile: ['name', 'given_name', 'family_name', 'middle_name', 'nickname', 'preferred_username',
@@ -286,8 +286,20 @@ async function interaction(req, res, uid) {
   const client = await provider.Client.find(details.params.client_id);
   const clientName = client?.clientName ?? details.params.client_id;
 
+  if (details.prompt.name === 'consent') {
+    // Asked for (prompt=consent: the spec's condition for offline_access): the user consents to
+    // what a configured client asks, without a page.
+    const grant = details.grantId
+      ? await provider.Grant.find(details.grantId)
+      : new provider.Grant({ accountId: details.session.accountId, clientId: details.params.client_id });
+    const missing = details.prompt.details;
+    if (missing.missingOIDCScope) grant.addOIDCScope(missing.missingOIDCScope.join(' '));
+    if (missing.missingOIDCClaims) grant.addOIDCClaims(missing.missingOIDCClaims);
+    const grantId = await grant.save();
+    await provider.interactionFinished(req, res, { consent: { grantId } }, { mergeWithLastSubmission: true });
+    return;
+  }
   if (details.prompt.name !== 'login') {
-    // loadExistingGrant grants what a configured client asks: consent is never asked for.
     throw new Error(`unexpected prompt ${details.prompt.name}: ${JSON.stringify(details.prompt.details)}`);
   }
   if (req.method === 'GET') {
