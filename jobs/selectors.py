@@ -8,7 +8,7 @@ from clusters.models import Cluster
 from jobs.models import Job, JobEvent, JobGpuSample, JobState
 from jobs.states import ACTIVE_IN_SCHEDULER
 from portal.core.compiled import CompiledQuery
-from portal.core.staff import sees_all_tenants, holds_staff_perm
+from portal.core.staff import holds_staff_perm, sees_all_tenants
 from tenants import roles
 from tenants.models import Tenant, TenantUserPermission
 from tenants.selectors import tenant_id_list_visible_to, tenant_ids_visible_to, tenant_perms
