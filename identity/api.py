@@ -22,6 +22,7 @@ class GroupMappingViewSet(viewsets.GenericViewSet):
     serializer_class = GroupMappingOut
     lookup_value_regex = ID_LOOKUP
     filterset_fields = ["source"]
+    schema_forbids_reads = True  # 403 for anyone but staff who see every tenant
 
     def get_queryset(self):
         if not sees_all_tenants(self.request.user):

@@ -72,7 +72,8 @@ class ProblemAutoSchema(AutoSchema):
 
     Which ones follow from the operation's shape, as the code answers them: 400 wherever input
     is read (a body, query parameters, a header), 401 and 403 where credentials are required
-    (403 on GETs only where a view lists it), 404 where the path names an object, 409 on writes
+    (403 on GETs only where a view lists it or sets `schema_forbids_reads`), 404 where the path
+    names an object, 409 on writes
     unless the view sets `schema_conflicts = False`, 413 and 415 with a body, and 429
     everywhere (every view is throttled). A status a view documents itself keeps its
     description and gains the problem body if it named none."""
@@ -129,7 +130,8 @@ class ProblemAutoSchema(AutoSchema):
             statuses.add(400)
         if authenticated:
             statuses.add(401)
-            if self.method in UNSAFE_METHODS:
+            # A view that refuses reads to a caller's role (staff-only lists) says so.
+            if self.method in UNSAFE_METHODS or getattr(self.view, "schema_forbids_reads", False):
                 statuses.add(403)
         if "path" in places:
             statuses.add(404)
