@@ -10,11 +10,9 @@ from identity import services
 from identity.models import GroupMapping
 from identity.selectors import group_mappings_visible_to
 from identity.serializers import GroupMappingIn, GroupMappingOut, GroupMappingPatch
-from portal.core.errors import Forbidden
 from portal.core.parsing import parsed
 from portal.core.serializers import ID_LOOKUP
-from portal.core.staff import sees_all_tenants
-from tenants.permissions import require_platform_admin
+from tenants.permissions import require_platform_admin, require_staff_reader
 
 
 class GroupMappingViewSet(viewsets.GenericViewSet):
@@ -25,8 +23,7 @@ class GroupMappingViewSet(viewsets.GenericViewSet):
     schema_forbids_reads = True  # 403 for anyone but staff who see every tenant
 
     def get_queryset(self):
-        if not sees_all_tenants(self.request.user):
-            raise Forbidden("Only platform staff may see group mappings.")
+        require_staff_reader(self.request.user)
         mappings = group_mappings_visible_to(user=self.request.user)
         tenant = self.request.query_params.get("tenant")
         return mappings.filter(tenant__slug=tenant) if tenant else mappings

@@ -45,6 +45,19 @@ def _claim_list(claims: dict, name: str) -> list[str]:
     return value
 
 
+def _vouched_by_claims(user, claims: dict, *, cause: str, refresh_token: str) -> None:
+    """The provider's claims about the user, now: the link, the groups, the cluster username."""
+    directory_signed_in(
+        user=user,
+        source=Source.OIDC,
+        subject=claims["sub"],
+        groups=_claim_list(claims, settings.OIDC_GROUPS_CLAIM),
+        cluster_username=str(claims.get(settings.OIDC_CLUSTER_USERNAME_CLAIM) or ""),
+        cause=cause,
+        refresh_token=refresh_token,
+    )
+
+
 class OidcBackend(OIDCAuthenticationBackend):
     refresh_token = ""  # the provider's, from this sign-in's code exchange (kept for the sync)
 
@@ -164,14 +177,7 @@ class OidcBackend(OIDCAuthenticationBackend):
         if not user.is_active and (account is None or account.gone is None):
             raise OidcRefused("This account is disabled in the portal; ask a platform admin.")
         try:
-            directory_signed_in(
-                user=user,
-                source=Source.OIDC,
-                subject=claims["sub"],
-                groups=_claim_list(claims, settings.OIDC_GROUPS_CLAIM),
-                cluster_username=str(claims.get(settings.OIDC_CLUSTER_USERNAME_CLAIM) or ""),
-                refresh_token=self.refresh_token,
-            )
+            _vouched_by_claims(user, claims, cause="sign-in", refresh_token=self.refresh_token)
         except DirectoryRefused as exc:
             raise OidcRefused(str(exc)) from None
         return user
@@ -229,15 +235,7 @@ def sync_oidc_users() -> dict[str, int]:
             # just spent the old one.
             account.refresh_token = refresh_token
             account.save(update_fields=["refresh_token"])
-            directory_signed_in(
-                user=user,
-                source=Source.OIDC,
-                subject=account.subject,
-                groups=_claim_list(claims, settings.OIDC_GROUPS_CLAIM),
-                cluster_username=str(claims.get(settings.OIDC_CLUSTER_USERNAME_CLAIM) or ""),
-                cause="sync",
-                refresh_token=refresh_token,
-            )
+            _vouched_by_claims(user, claims, cause="sync", refresh_token=refresh_token)
             counts["synced"] += 1
         except (RequestException, ValueError, KeyError, SuspiciousOperation, DirectoryRefused) as exc:
             log.warning("OIDC sync of %s failed: %s", user.get_username(), type(exc).__name__)

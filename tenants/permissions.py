@@ -3,8 +3,8 @@ tenants); these answer 403 for a caller who sees the tenant but whose role lacks
 
 from django.contrib.auth.models import AbstractBaseUser
 
-from portal.core.errors import Forbidden, Invalid
-from portal.core.staff import can_decide_quota, is_platform_admin
+from portal.core.errors import Forbidden, Invalid, OutsideTokenScope
+from portal.core.staff import can_decide_quota, is_platform_admin, sees_all_tenants, staff_power_held_back
 from portal.core.throttles import Allowance
 from tenants.models import Tenant
 from tenants.selectors import active_user_named, tenant_perms
@@ -15,14 +15,26 @@ def require(user: AbstractBaseUser, tenant: Tenant, perm: str) -> None:
         raise Forbidden(f"Your role in {tenant.slug} does not allow this.")
 
 
+def _require_staff(user: AbstractBaseUser, allowed: bool, message: str) -> None:
+    if allowed:
+        return
+    if staff_power_held_back(user):
+        raise OutsideTokenScope("Staff powers need an API token of scope admin; this one is not.")
+    raise Forbidden(message)
+
+
 def require_platform_admin(user: AbstractBaseUser) -> None:
-    if not is_platform_admin(user):
-        raise Forbidden("Only platform admins may do this.")
+    _require_staff(user, is_platform_admin(user), "Only platform admins may do this.")
 
 
 def require_quota_decider(user: AbstractBaseUser) -> None:
-    if not can_decide_quota(user):
-        raise Forbidden("Only platform admins and quota approvers may decide quota requests.")
+    message = "Only platform admins and quota approvers may decide quota requests."
+    _require_staff(user, can_decide_quota(user), message)
+
+
+def require_staff_reader(user: AbstractBaseUser) -> None:
+    """Staff who see every tenant (platform admins, quota approvers, read-only support)."""
+    _require_staff(user, sees_all_tenants(user), "Only platform staff may see this.")
 
 
 def member_candidate(actor: AbstractBaseUser, username: str) -> AbstractBaseUser:

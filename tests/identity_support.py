@@ -4,7 +4,6 @@
 
 import os
 from contextlib import contextmanager
-from unittest import mock
 
 from django.conf import settings
 from django.test import override_settings
@@ -27,6 +26,21 @@ def ldap_env(directory, *, uri: str | None = None, ca_file=None, **more: str) ->
     }
 
 
+def _read_with(env: dict[str, str], read):
+    """`read()` with these variables in the process's environment, as a site would set them, and
+    the environment as it was afterwards (the portal reads its settings from there only)."""
+    before = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        return read()
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 @contextmanager
 def ldap_on(directory, **kwargs):
     """The portal signs in against `directory` (StartTLS on its ldap:// port unless `uri` says
@@ -34,8 +48,7 @@ def ldap_on(directory, **kwargs):
     from identity.ldap_settings import ldap_settings
 
     env = ldap_env(directory, **kwargs)
-    with mock.patch.dict(os.environ, env):
-        config = ldap_settings()
+    config = _read_with(env, ldap_settings)
     backends = [*BASE_BACKENDS, "identity.ldap.LdapBackend", GUARDIAN]
     with override_settings(
         LDAP_SERVER_URI=env["LDAP_SERVER_URI"], AUTHENTICATION_BACKENDS=backends, **config

@@ -75,6 +75,12 @@ class Forbidden(PortalError):
     code = "permission_denied"
 
 
+class OutsideTokenScope(Forbidden):
+    """403 `token_scope`: the user may do this, the request's API token does not carry it."""
+
+    code = "token_scope"
+
+
 class NotFound(PortalError):
     """The object went away while the request was being served (another request removed it)."""
 
@@ -152,9 +158,8 @@ def problem_exception_handler(exc: Exception, context: dict) -> Response:
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
     if isinstance(exc, PortalError):
         set_rollback()
-        code = exc.code if exc.status != 403 else _staff_power_outside_token(context) or exc.code
         return Response(
-            problem(exc.status, code, exc.detail, **exc.extra),
+            problem(exc.status, exc.code, exc.detail, **exc.extra),
             status=exc.status,
             content_type=PROBLEM_CONTENT_TYPE,
         )
@@ -167,10 +172,8 @@ def problem_exception_handler(exc: Exception, context: dict) -> Response:
     elif isinstance(exc, exceptions.ValidationError):
         body = _validation_problem(exc)
     else:
-        code = getattr(exc, "problem_code", None)
-        if isinstance(exc, exceptions.PermissionDenied):
-            code = code or _staff_power_outside_token(context)
-        code = code or _CODE_BY_STATUS.get(response.status_code, "server_error")
+        # An exception may name its own code (portal.core.auth's token refusals).
+        code = getattr(exc, "problem_code", None) or _CODE_BY_STATUS.get(response.status_code, "server_error")
         detail = str(exc.detail if isinstance(exc, exceptions.APIException) else exc)
         # A bare Http404 (DRF raises one for a lookup value the field cannot hold) has no text.
         body = problem(response.status_code, code, detail or TITLES[code] + ".")
@@ -179,17 +182,6 @@ def problem_exception_handler(exc: Exception, context: dict) -> Response:
     response.data = body
     response.content_type = PROBLEM_CONTENT_TYPE
     return response
-
-
-def _staff_power_outside_token(context: dict) -> str | None:
-    """`token_scope` for a 403 that a staff user's non-`admin` token met: the power may be the
-    user's, the token does not carry it (portal.core.staff)."""
-    from portal.core.staff import holds_staff_power  # staff imports services, which load after this
-
-    user = getattr(context.get("request"), "user", None)
-    if user is None or not user.is_staff or getattr(user, "token_scope", "admin") == "admin":
-        return None
-    return "token_scope" if holds_staff_power(user) else None
 
 
 def api_not_found(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:

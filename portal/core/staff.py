@@ -21,18 +21,21 @@ DECIDE_QUOTA = "tenants.decide_quota"
 VIEW_ALL = "tenants.view_all"
 
 
-def _holds(user: AbstractBaseUser, perm: str) -> bool:
+def _granted(user: AbstractBaseUser, perm: str) -> bool:
     # ModelBackend caches a user's permissions on the instance: two queries the first time in a
-    # request, none after; guardian's backend answers a global check without a query. A request
-    # made with an API token holds a staff power only through an `admin` token (portal.core.auth
-    # marks the user with its token's scope; a session carries no mark).
-    return bool(
-        user.is_authenticated
-        and user.is_active
-        and user.is_staff
-        and getattr(user, "token_scope", "admin") == "admin"
-        and user.has_perm(perm)
-    )
+    # request, none after; guardian's backend answers a global check without a query.
+    return bool(user.is_authenticated and user.is_active and user.is_staff and user.has_perm(perm))
+
+
+def _token_carries_staff_powers(user: AbstractBaseUser) -> bool:
+    # portal.core.auth marks a request's user with its API token's scope; a session has no mark.
+    return getattr(user, "token_scope", "admin") == "admin"
+
+
+def _holds(user: AbstractBaseUser, perm: str) -> bool:
+    """A staff power: granted to the user, and carried by the request (a session, or an `admin`
+    token)."""
+    return _token_carries_staff_powers(user) and _granted(user, perm)
 
 
 def holds_staff_perm(user: AbstractBaseUser, perm: str) -> bool:
@@ -42,16 +45,15 @@ def holds_staff_perm(user: AbstractBaseUser, perm: str) -> bool:
 
 
 def holds_staff_power(user: AbstractBaseUser) -> bool:
-    """Whether any staff power is the user's (ignoring a token's scope): who may hold an `admin`
-    token."""
-    unmarked = getattr(user, "token_scope", None)
-    if unmarked is not None:
-        del user.token_scope
-    try:
-        return sees_all_tenants(user) or can_decide_quota(user)
-    finally:
-        if unmarked is not None:
-            user.token_scope = unmarked
+    """Whether any staff power is granted to the user, whatever the request carries: who may
+    hold an `admin` token."""
+    return any(_granted(user, perm) for perm in (PLATFORM_ADMIN, DECIDE_QUOTA, VIEW_ALL))
+
+
+def staff_power_held_back(user: AbstractBaseUser) -> bool:
+    """The user has staff powers and the request's token does not carry them: a refusal of a
+    staff action is then the token's (403 `token_scope`), not the role's."""
+    return not _token_carries_staff_powers(user) and holds_staff_power(user)
 
 
 def is_platform_admin(user: AbstractBaseUser) -> bool:

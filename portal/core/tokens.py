@@ -2,13 +2,14 @@
 (docs/api.md, Tokens). A token is a ceiling over its user's powers, never a grant of more."""
 
 import secrets
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
+from rest_framework.permissions import SAFE_METHODS
 
 from portal.core.models import ApiToken, TokenScope, token_digest
 from portal.core.services import audit_record
@@ -16,7 +17,6 @@ from portal.core.staff import holds_staff_power
 
 # last_used is refreshed at most this often, so that reads through a token don't all write.
 TOKEN_TOUCH_INTERVAL = timedelta(minutes=1)
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def token_scopes_for(user: AbstractBaseUser) -> list[str]:
@@ -77,8 +77,8 @@ def token_touch(*, token: ApiToken) -> None:
     token.last_used = now
 
 
-def token_expired(token: ApiToken, now: datetime | None = None) -> bool:
-    return token.expires <= (now or timezone.now())
+def token_expired(token: ApiToken) -> bool:
+    return token.expires <= timezone.now()
 
 
 def token_allows_method(token: ApiToken, method: str) -> bool:
