@@ -36,13 +36,14 @@ from jobs.serializers import (
     UsageOut,
     job_answer,
 )
+from portal.core.conditional import ConditionalGet
 from portal.core.parsing import parsed
 from portal.core.serializers import ID_LOOKUP
 from tenants import roles
 from tenants.permissions import require
 
 
-class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class JobViewSet(ConditionalGet, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     queryset = Job.objects.none()
     serializer_class = JobOut
     filterset_class = JobFilter

@@ -4,6 +4,7 @@ from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from clusters.backends.base import JobState
@@ -131,10 +132,11 @@ class Job(models.Model):
 
 
 class JobEvent(models.Model):
-    """A state change of a job, with why; in order of id."""
+    """A state change of a job, with why; in order of id. `at` is when it happened: the
+    scheduler's time where it reports one (a start, an end), else when the portal learnt of it."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
-    at = models.DateTimeField(auto_now_add=True)
+    at = models.DateTimeField(default=timezone.now)
     from_state = models.CharField(max_length=16, choices=JobState.choices, blank=True)
     to_state = models.CharField(max_length=16, choices=JobState.choices)
     reason = models.CharField(max_length=200, blank=True)

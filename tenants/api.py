@@ -9,6 +9,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from portal.core.conditional import ConditionalGet
 from portal.core.models import AuditEvent
 from portal.core.parsing import parsed
 from portal.core.serializers import ID_LOOKUP, SLUG_LOOKUP, SLUG_PATTERN, USERNAME_PATTERN, is_username
@@ -209,7 +210,7 @@ class QuotaRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
         return Response(QuotaRequestOut(quota_request).data)
 
 
-class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class QuotaViewSet(ConditionalGet, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = QuotaOut
     queryset = QuotaGrant.objects.none()
     filterset_class = QuotaFilter

@@ -1,12 +1,14 @@
 """What the job services share: recording a state move, enqueueing after commit."""
 
 import logging
+from datetime import datetime
 
 from celery import current_app
 from django.db import transaction
+from django.utils import timezone
 from kombu.exceptions import OperationalError
 
-from jobs.models import Job, JobEvent
+from jobs.models import Job, JobEvent, JobState
 from jobs.states import check_move
 
 log = logging.getLogger("jobs.services")
@@ -39,10 +41,37 @@ def job_move(job: Job, to_state: str, *, reason: str = "", raw_state: str = "") 
     JobEvent.objects.create(job=job, **_moved(job, to_state, reason=reason, raw_state=raw_state))
 
 
-def moved_event(job: Job, to_state: str, *, reason: str = "", raw_state: str = "") -> JobEvent:
+def moved_event(
+    job: Job, to_state: str, *, reason: str = "", raw_state: str = "", at: datetime | None = None
+) -> JobEvent:
     """job_move for many jobs at once: the same check and change in memory, and the event
-    returned unsaved for one bulk_create; the caller saves the jobs."""
-    return JobEvent(job=job, **_moved(job, to_state, reason=reason, raw_state=raw_state))
+    returned unsaved for one bulk_create; the caller saves the jobs. `at`: when the scheduler
+    says it happened (reported_at), else now."""
+    event = JobEvent(job=job, **_moved(job, to_state, reason=reason, raw_state=raw_state))
+    if at is not None:
+        event.at = at
+    return event
+
+
+def reported_at(when: datetime | None, *, after: datetime | None) -> datetime | None:
+    """A time the scheduler reported, kept within the job's timeline: not before the event it
+    follows (`after`; a scheduler's clock may run behind the portal's, and the local cluster
+    starts a job a moment before its submission is recorded), not in the future. A job's
+    started_at is its start event's time, so the two never disagree."""
+    if when is None:
+        return None
+    return max(after, min(when, timezone.now())) if after else min(when, timezone.now())
+
+
+def unseen_start_event(job: Job, started_at: datetime | None) -> JobEvent | None:
+    """The RUNNING event of a start that no poll saw (a job that started and ended, or started
+    and was requeued, between two polls), at the start the scheduler reports: so the timeline
+    tells that it ran. None when the job is RUNNING here already, or no start is reported."""
+    if started_at is None or job.state not in (JobState.SUBMITTING, JobState.PENDING):
+        return None
+    return moved_event(
+        job, JobState.RUNNING, reason="started", at=reported_at(started_at, after=job.submitted_at)
+    )
 
 
 def _moved(job: Job, to_state: str, *, reason: str, raw_state: str) -> dict:

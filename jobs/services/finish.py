@@ -12,7 +12,7 @@ from clusters.models import Partition
 from clusters.selectors import catalog_names
 from jobs.models import Job, JobEvent, JobState
 from jobs.services.admission import jobs_admit_soon
-from jobs.services.common import moved_event
+from jobs.services.common import moved_event, reported_at, unseen_start_event
 from jobs.states import END_STATES
 from portal.core.metrics import jobs_ended
 from tenants.services import grant_settle
@@ -57,11 +57,16 @@ def _finish(partition_id: int, ends: dict[int, tuple[JobStatus | None, str]]) ->
             if status is None:
                 events.append(moved_event(job, JobState.REJECTED, reason=reject_reason))
             else:
+                job.started_at = job.started_at or reported_at(status.started_at, after=job.submitted_at)
+                if status.state != JobState.REJECTED and (start := unseen_start_event(job, job.started_at)):
+                    events.append(start)
+                ended_at = reported_at(status.finished_at, after=job.started_at or job.submitted_at)
                 events.append(
-                    moved_event(job, status.state, reason=status.reason, raw_state=status.raw_state)
+                    moved_event(
+                        job, status.state, reason=status.reason, raw_state=status.raw_state, at=ended_at
+                    )
                 )
                 job.exit_code = status.exit_code
-                job.started_at = job.started_at or status.started_at
                 job.node_list = status.node_list or job.node_list
             job.finished_at = (status.finished_at if status else None) or now
             elapsed_s = (job.finished_at - job.started_at).total_seconds() if job.started_at else 0.0

@@ -14,7 +14,7 @@ from clusters.breaker import cluster_slot
 from clusters.models import Cluster
 from clusters.services import backend_of, cluster_answered, cluster_available, cluster_mark_health
 from jobs.models import Job, JobEvent, JobState
-from jobs.services.common import moved_event
+from jobs.services.common import moved_event, reported_at
 from jobs.services.finish import jobs_finish
 from jobs.states import ACTIVE_IN_SCHEDULER, END_STATES
 from portal.core.metrics import poll_seconds, timed
@@ -96,7 +96,8 @@ def _followed(job: Job, status: JobStatus) -> tuple:
     elif job.state != JobState.CANCELLING:
         reason, raw_state = status.reason, status.raw_state  # e.g. Priority → Resources
     # A job being cancelled stays CANCELLING until the scheduler says it ended.
-    return state, reason, raw_state, job.started_at or status.started_at, status.node_list or job.node_list
+    started_at = job.started_at or reported_at(status.started_at, after=job.submitted_at)
+    return state, reason, raw_state, started_at, status.node_list or job.node_list
 
 
 def jobs_apply_statuses(statuses: dict[int, JobStatus]) -> int:
@@ -112,7 +113,15 @@ def jobs_apply_statuses(statuses: dict[int, JobStatus]) -> int:
             if values == _values(job):
                 continue
             if values[0] != job.state:
-                events.append(moved_event(job, values[0], reason=status.reason, raw_state=status.raw_state))
+                # a start at the scheduler's time (a restart after a requeue: its own time)
+                at = (
+                    reported_at(status.started_at, after=job.submitted_at)
+                    if values[0] == JobState.RUNNING
+                    else None
+                )
+                events.append(
+                    moved_event(job, values[0], reason=status.reason, raw_state=status.raw_state, at=at)
+                )
             changed[values].append(job.pk)
         JobEvent.objects.bulk_create(events)
         for values, pks in changed.items():

@@ -64,8 +64,11 @@ def test_submit_runs_to_completed_with_gpu_hours_charged(celery_worker, client_f
     assert (done["state"], done["exit_code"]) == ("COMPLETED", 0), done
     assert done["backend_id"].isdigit()
     assert done["started_at"] and done["finished_at"] and done["gpu_hours"] > 0
-    states = [e["to_state"] for e in client.get(f"/api/v1/jobs/{job['id']}/events/").json()]
-    assert states[:3] == ["QUEUED", "SUBMITTING", "PENDING"] and states[-1] == "COMPLETED"
+    events = client.get(f"/api/v1/jobs/{job['id']}/events/").json()
+    # RUNNING whether or not a poll saw it: at sacct's Start, in order
+    assert [e["to_state"] for e in events][:3] == ["QUEUED", "SUBMITTING", "PENDING"]
+    assert [e["to_state"] for e in events][-2:] == ["RUNNING", "COMPLETED"]
+    assert events[-2]["at"] == done["started_at"]
     lines = client.get(f"/api/v1/jobs/{job['id']}/log/?tail=5").json()["lines"]
     assert len(lines[0].removeprefix("gpus=").split(",")) == 2  # Slurm gave it two GPUs
     grant = QuotaGrant.objects.get(tenant=tenant)
