@@ -5,12 +5,12 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from clusters.selectors import catalog_names
-from jobs import services
+from jobs import services, stream
 from jobs.filters import JobFilter
 from jobs.job_templates import TEMPLATES
 from jobs.models import Job
@@ -38,6 +38,7 @@ from jobs.serializers import (
 )
 from portal.core.conditional import ConditionalGet
 from portal.core.parsing import parsed
+from portal.core.renderers import JSONRenderer
 from portal.core.serializers import ID_LOOKUP
 from tenants import roles
 from tenants.permissions import require
@@ -171,3 +172,56 @@ class Usage(APIView):
             group_by=data["group_by"],
         )
         return Response({"results": rows})
+
+
+class _StreamView(APIView):
+    """An SSE stream (jobs/stream.py). Its refusals are problem+json whatever Accept asks, since
+    an EventSource asks for text/event-stream; the stream itself is not rendered by DRF."""
+
+    def perform_content_negotiation(self, request, force=False):
+        return JSONRenderer(), JSONRenderer.media_type
+
+
+LAST_EVENT_ID = OpenApiParameter(
+    "Last-Event-ID",
+    {"type": "string", "pattern": "^[0-9]{1,18}$"},
+    OpenApiParameter.HEADER,
+    description="The id of the last event received: the stream starts after it.",
+)
+EVENT_STREAM = {
+    (200, "text/event-stream"): OpenApiResponse(
+        OpenApiTypes.STR, description="Server-Sent Events (docs/api.md, Live events)."
+    ),
+}
+
+
+class EventStream(_StreamView):
+    """The job events of the caller's tenants (of one, with `tenant`), as Server-Sent Events."""
+
+    @extend_schema(
+        parameters=[OpenApiParameter("tenant", OpenApiTypes.STR), LAST_EVENT_ID],
+        responses={**EVENT_STREAM, 404: OpenApiResponse(description="`not_found`: not the caller's tenant.")},
+    )
+    def get(self, request):
+        watch = stream.watch_of(request.user, request.query_params.get("tenant") or None)
+        return stream.job_events_stream(request, watch, _last_event_id(request))
+
+
+def _last_event_id(request) -> int | None:
+    value = request.headers.get("Last-Event-ID", "").strip()
+    if not value:
+        return None
+    if not value.isascii() or not value.isdigit() or len(value) > 18:
+        raise ValidationError({"Last-Event-ID": ["An event id: digits, as the stream sent it."]})
+    return int(value)
+
+
+class JobLogStream(_StreamView):
+    """One job's new log lines and state changes as Server-Sent Events, until the job ends."""
+
+    @extend_schema(responses=EVENT_STREAM)
+    def get(self, request, pk):
+        job = jobs_visible_to(user=request.user).filter(pk=pk).first()
+        if job is None:
+            raise NotFound
+        return stream.job_log_stream(request, job)

@@ -306,6 +306,16 @@ LOCAL_SANDBOX_UID_COUNT = env_int("LOCAL_SANDBOX_UID_COUNT", 100_000, minimum=1,
 LOCAL_SANDBOX_RO_PATHS = env_list("LOCAL_SANDBOX_RO_PATHS", [])
 LOCAL_CLUSTER_TENANT = env_str("LOCAL_CLUSTER_TENANT", "")
 JOB_LOG_MAX_BYTES = env_int("JOB_LOG_MAX_BYTES", 1_000_000, minimum=1000)
+# The event streams (jobs/stream.py; docs/architecture.md, Live events): how often new job events
+# and a followed log are read, a keep-alive after this much silence, how long one stream lasts
+# before the client reconnects (and its scope is checked again), how many missed events a
+# reconnect replays, and how many streams one user may hold per ASGI process.
+EVENTS_POLL_S = env_int("EVENTS_POLL_MS", 500, minimum=50) / 1000
+EVENTS_LOG_POLL_S = env_int("EVENTS_LOG_POLL_MS", 2000, minimum=200) / 1000
+EVENTS_HEARTBEAT_S = env_int("EVENTS_HEARTBEAT_S", 15, minimum=1)
+EVENTS_STREAM_MAX_S = env_int("EVENTS_STREAM_MAX_S", 300, minimum=5)
+EVENTS_BACKLOG = env_int("EVENTS_BACKLOG", 1000, minimum=10)
+EVENTS_MAX_STREAMS_PER_USER = env_int("EVENTS_MAX_STREAMS_PER_USER", 20, minimum=1)
 
 # --- One slow cluster stalls no other (clusters/breaker.py, docs/architecture/cluster-stall.md):
 # after this many consecutive failures to reach a cluster, dispatch and poll skip it for a

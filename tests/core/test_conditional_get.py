@@ -65,4 +65,6 @@ def test_the_tag_differs_between_a_viewer_and_the_submitter_who_sees_more(client
     theirs = client_for(viewer).get(f"/api/v1/jobs/{job.pk}/")
     assert "script" in mine.json() and "script" not in theirs.json()
     assert mine["ETag"] != theirs["ETag"]
-    assert client_for(viewer).get(f"/api/v1/jobs/{job.pk}/", HTTP_IF_NONE_MATCH=mine["ETag"]).status_code == 200
+    assert (
+        client_for(viewer).get(f"/api/v1/jobs/{job.pk}/", HTTP_IF_NONE_MATCH=mine["ETag"]).status_code == 200
+    )

@@ -11,6 +11,7 @@ import urllib.request
 import pytest
 
 from tests.conftest import ROOT, free_port, wait_for_port
+from tests.stream_support import read_events
 
 
 def http(method: str, url: str, body: dict | None = None, token: str | None = None) -> tuple[int, dict | str]:
@@ -79,6 +80,18 @@ def test_make_run_serves_the_portal_and_a_demo_user_can_use_the_api(embedded_por
     status, me = http("GET", f"{url}/api/v1/me/", token=created["token"])
     assert status == 200
     assert me["tenants"] == [{"slug": "protein-lab", "name": "Protein Folding Lab", "role": "member"}]
+    # The event stream from the same port (ASGI): a job's first event, replayed from the start.
+    job = {"tenant": "protein-lab", "scenario": "ai-training", "gpu_model": "h100-80gb", "gpus": 1,
+           "walltime_minutes": 5, "name": "hello", "script": "#!/bin/bash\necho hi\n"}  # fmt: skip
+    status, submitted = http("POST", f"{url}/api/v1/jobs/", job, token=created["token"])
+    assert status == 201, submitted
+    stream = urllib.request.Request(f"{url}/api/v1/events/stream/", headers={  # noqa: S310
+        "Authorization": f"Token {created['token']}", "Last-Event-ID": "0"})  # fmt: skip
+    with urllib.request.urlopen(stream, timeout=10) as response:  # noqa: S310  (loopback only)
+        assert response.headers["Content-Type"] == "text/event-stream"
+        events = read_events((line.decode().rstrip("\n") for line in response), count=1, timeout_s=10)
+    assert events and events[0].event == "job"
+    assert (events[0].data["job"], events[0].data["to_state"]) == (submitted["id"], "QUEUED")
 
 
 def test_the_worker_is_a_separate_process_on_the_serverless_broker(embedded_portal):

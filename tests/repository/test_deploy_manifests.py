@@ -41,7 +41,11 @@ def test_kustomize_makes_the_nginx_config_the_web_pods_mount_from_the_stacks_own
     assert f"/etc/portal-nginx/{key}" in command
     # every token of the template is filled, as scripts/stack proxy-conf fills them
     tokens = set(re.findall(r"@([A-Z]+)@", (DEPLOY / path).read_text()))
-    assert tokens == set(re.findall(r"s#@([A-Z]+)@#", command)) == {"LISTEN", "UPSTREAM", "DIR", "USER"}
+    assert (
+        tokens
+        == set(re.findall(r"s#@([A-Z]+)@#", command))
+        == {"LISTEN", "UPSTREAM", "STREAM", "DIR", "USER"}
+    )
 
 
 def test_the_pods_run_locked_down_as_the_images_numeric_user():
