@@ -136,6 +136,19 @@ def events_polled(watch: Watch, last_id: int | None) -> Iterator[bytes]:
 # -- ASGI: one hub per process, a queue per watcher ------------------------------------------
 
 
+def released(read):
+    """`read` for a thread of asgiref's shared pool: its connection handed back after each call,
+    so that no idle pool thread holds one of the process's few (portal/asgi.py)."""
+
+    def call(*args, **kwargs):
+        try:
+            return read(*args, **kwargs)
+        finally:
+            connection.close()
+
+    return call
+
+
 @dataclass(eq=False)
 class Subscriber:
     watch: Watch
@@ -163,7 +176,7 @@ class Hub:
 
     async def subscribe(self, watch: Watch) -> Subscriber:
         if self.cursor is None:
-            self.cursor = await sync_to_async(latest_event_id, thread_sensitive=False)()
+            self.cursor = await sync_to_async(released(latest_event_id), thread_sensitive=False)()
         subscriber = Subscriber(watch)
         self.subscribers.add(subscriber)
         self.per_user[watch.user_id] += 1
@@ -181,8 +194,9 @@ class Hub:
             return events_after(cursor, tenant_ids=None, limit=settings.EVENTS_BACKLOG)
         except DatabaseError as exc:
             log.warning("event stream: the database did not answer: %s", exc.__class__.__name__)
-            connection.close()  # this thread's: the next read opens a new one
             return []
+        finally:
+            connection.close()  # back to the pool (portal/asgi.py): the next read takes one
 
     async def _run(self) -> None:
         while self.subscribers:
@@ -218,7 +232,7 @@ async def events_pushed(watch: Watch, last_id: int | None) -> AsyncIterator[byte
         yield opening()
         sent = -1
         if last_id is not None:
-            frames, sent = await sync_to_async(backlog, thread_sensitive=False)(watch, last_id)
+            frames, sent = await sync_to_async(released(backlog), thread_sensitive=False)(watch, last_id)
             for chunk in frames:
                 yield chunk
         deadline = time.monotonic() + settings.EVENTS_STREAM_MAX_S
@@ -253,6 +267,7 @@ def job_events_stream(request, watch: Watch, last_id: int | None) -> StreamingHt
     if not is_asgi(request):
         return stream_response(events_polled(watch, last_id))
     HUB.refuse_if_full(watch)
+    connection.close()  # the request's thread's: a stream holds no connection (portal/asgi.py)
     return stream_response(events_pushed(watch, last_id))
 
 
@@ -320,7 +335,7 @@ def log_polled(follow: LogFollow) -> Iterator[bytes]:
 
 
 async def log_pushed(follow: LogFollow) -> AsyncIterator[bytes]:
-    look = sync_to_async(follow.look, thread_sensitive=False)
+    look = sync_to_async(released(follow.look), thread_sensitive=False)
     yield opening()
     deadline = time.monotonic() + settings.EVENTS_STREAM_MAX_S
     while time.monotonic() < deadline:
@@ -334,4 +349,7 @@ async def log_pushed(follow: LogFollow) -> AsyncIterator[bytes]:
 
 def job_log_stream(request, job: Job) -> StreamingHttpResponse:
     follow = LogFollow(job_id=job.pk)
-    return stream_response(log_pushed(follow) if is_asgi(request) else log_polled(follow))
+    if not is_asgi(request):
+        return stream_response(log_polled(follow))
+    connection.close()  # as job_events_stream
+    return stream_response(log_pushed(follow))

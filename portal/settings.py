@@ -174,6 +174,18 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         DATABASES["default"].setdefault("OPTIONS", {}).update(
             server_side_binding=True, prepare_threshold=_prepare_threshold
         )
+    # A pool of at most DB_POOL_MAX connections per process (psycopg_pool, through Django), in
+    # place of one persistent connection per thread: the ASGI server's (portal/asgi.py turns it
+    # on), where every request runs in a thread of its own, so that a burst of clients waits for
+    # a connection instead of exhausting PostgreSQL's max_connections. 0: no pool.
+    _pool_max = env_int("DB_POOL_MAX", 0, minimum=0)
+    if _pool_max:
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1,
+            "max_size": _pool_max,
+            "timeout": 30,
+        }
+        DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django's pool wants no persistent connections
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
