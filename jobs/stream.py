@@ -305,12 +305,12 @@ class LogFollow:
             self.unavailable = True
         else:
             self.unavailable = False
+            whole = not self.lines  # the first lines of this stream: the tail as it is, not an addition
             added, cut = new_lines(self.lines, tail.lines)
             self.lines = tail.lines
             if added:
-                frames.append(
-                    frame("log", {"lines": added, "truncated": cut or (tail.truncated and not self.state)})
-                )
+                truncated = cut or (tail.truncated and whole)  # earlier lines than these exist
+                frames.append(frame("log", {"lines": added, "whole": whole, "truncated": truncated}))
         if job.state != self.state:
             frames.append(frame("state", {"job": str(job.pk), "state": job.state, "reason": job.reason}))
             self.state = job.state

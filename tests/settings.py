@@ -32,3 +32,6 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-portal.sqlite3")}  # noqa: F405
 STORAGES["staticfiles"]["BACKEND"] = "django.contrib.staticfiles.storage.StaticFilesStorage"  # noqa: F405
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405  (whitenoise warns about a missing folder)
+# The event streams of pages under the test's live server (WSGI: a thread a stream) end soon, so
+# that none outlives its test for long; the browser reconnects by itself.
+EVENTS_STREAM_MAX_S = 10

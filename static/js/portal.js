@@ -1,5 +1,7 @@
 /* The portal's own script: draws the usage chart and a job's GPU charts, keeps a followed log scrolled to its end,
-   announces a job's state changes to screen readers, and says so when a live update fails.
+   announces a job's state changes to screen readers, says so when a live update fails, and follows the
+   portal's event streams (Server-Sent Events, jobs/stream.py): a job event makes htmx fetch what changed,
+   a log event appends its lines. While a stream is down the elements poll every 3 s as before.
    Every page works without it; htmx (static/vendor/htmx) does the live swaps. */
 (function () {
   "use strict";
@@ -96,10 +98,62 @@
     }
   }
 
+  // The streams: one per kind and page, opened for the first element that names one.
+  var live = { events: false, log: false };
+  var streams = {};
+  window.portalLive = function (kind) { return live[kind]; };
+
+  function follow(kind, url, handlers) {
+    if (streams[kind] || !url || !window.EventSource) return;
+    var source = new EventSource(url);
+    streams[kind] = source;
+    source.onopen = function () { live[kind] = true; };
+    // EventSource reconnects by itself (with Last-Event-ID); meanwhile the elements poll.
+    source.onerror = function () { live[kind] = false; };
+    Object.keys(handlers).forEach(function (name) {
+      source.addEventListener(name, function (message) { handlers[name](JSON.parse(message.data), source); });
+    });
+  }
+
+  function appendLog(data) {
+    var pre = document.querySelector("#job-log pre.log");
+    if (!pre) {
+      document.body.dispatchEvent(new CustomEvent("portal:log"));  // the first lines: the whole card
+      return;
+    }
+    var keep = parseInt(document.getElementById("job-log").dataset.lines, 10) || 200;
+    var atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 8;
+    // "whole": the stream's first lines are the log's tail as it is now (what the page shows, and more)
+    var lines = ((data.whole ? "" : pre.textContent) + data.lines.join("\n") + "\n").split("\n");
+    pre.textContent = lines.slice(Math.max(0, lines.length - 1 - keep)).join("\n");
+    if (atEnd) pre.scrollTop = pre.scrollHeight;
+  }
+
+  function followStreams() {
+    var rows = document.querySelector("[data-events]");
+    if (rows) {
+      follow("events", rows.dataset.events, {
+        job: function (data) { document.body.dispatchEvent(new CustomEvent("portal:job", { detail: data })); },
+      });
+    }
+    var log = document.querySelector("[data-log-stream]");
+    if (log) {
+      follow("log", log.dataset.logStream, {
+        log: appendLog,
+        end: function (data, source) {
+          source.close();
+          live.log = true;  // nothing more to poll for: the last refresh shows the end
+          document.body.dispatchEvent(new CustomEvent("portal:log"));
+        },
+      });
+    }
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     drawCharts();
     scrollLogs();
     announceState();
+    followStreams();
   });
   document.addEventListener("htmx:beforeSwap", function (event) {
     var pre = event.detail.target && event.detail.target.querySelector && event.detail.target.querySelector("pre.log");

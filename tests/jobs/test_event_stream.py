@@ -107,7 +107,9 @@ def test_a_jobs_log_is_followed_until_it_ends(
         poller.join()
     lines = [line for e in events if e.event == "log" for line in e.data["lines"]]
     assert lines == [f"line-{i}" for i in range(1, 5)]
-    assert len([e for e in events if e.event == "log"]) >= 2  # they came as printed, not at the end
+    logs = [e for e in events if e.event == "log"]
+    assert len(logs) >= 2  # they came as printed, not at the end
+    assert [e.data["whole"] for e in logs] == [True] + [False] * (len(logs) - 1)  # then additions
     assert events[-1].event == "end" and events[-1].data["state"] == "COMPLETED"
     assert "COMPLETED" in [e.data["state"] for e in events if e.event == "state"]
 

@@ -116,7 +116,7 @@ def test_dashboard_shows_each_grants_bars_the_active_jobs_usage_and_events(
     assert 'id="usage-chart"' in page and 'id="usage-data"' in page
     assert response.context["usage_total"] == 1.5
     assert [job.pk for job in response.context["jobs"]] == [running.pk]  # running and waiting only
-    assert 'hx-trigger="every 3s"' in page  # the active rows refresh in place
+    assert "every 3s [!portalLive('events')]" in page  # the active rows poll while the stream is down
     assert f'href="/t/protein-lab/jobs/{running.pk}/">train #{running.pk}</a>' in page  # recent events
     assert "Your role: Member" in page
 
@@ -124,7 +124,7 @@ def test_dashboard_shows_each_grants_bars_the_active_jobs_usage_and_events(
 def test_dashboard_of_a_team_without_grants_or_jobs_says_so(web, member):
     page = web(member).get("/t/protein-lab/").content.decode()
     assert "no current quota grant" in page and "No job is running or waiting." in page
-    assert 'hx-trigger="every 3s"' not in page
+    assert "every 3s" not in page
 
 
 # --- Job list
@@ -164,16 +164,20 @@ def test_the_list_pages_by_50_with_older_and_newer_links(web, member, grant, loc
 
 
 def test_the_rows_fragment_polls_only_while_a_shown_job_is_active(web, member, grant, local_partition):
+    """It follows the tenant's event stream; it polls only while the stream is down and a shown
+    job is active."""
     job = make_job(grant, local_partition, member, state=JobState.RUNNING)
     client = web(member)
     fragment = client.get("/t/protein-lab/jobs/rows/?state=RUNNING&state=COMPLETED", **HTMX)
     body = fragment.content.decode()
-    assert body.startswith("<tbody") and 'hx-trigger="every 3s"' in body
+    assert body.startswith("<tbody") and "every 3s [!portalLive('events')]" in body
+    assert 'data-events="/api/v1/events/stream/?tenant=protein-lab"' in body
     assert 'hx-get="/t/protein-lab/jobs/rows/?state=RUNNING&amp;state=COMPLETED"' in body
     assert "no-cache" in fragment["Cache-Control"] and "HX-Request" in fragment["Vary"]
     Job.objects.filter(pk=job.pk).update(state=JobState.COMPLETED)
     body = client.get("/t/protein-lab/jobs/rows/?state=RUNNING&state=COMPLETED", **HTMX).content.decode()
-    assert "hx-trigger" not in body and 'data-state="COMPLETED"' in body
+    assert "every 3s" not in body and 'data-state="COMPLETED"' in body
+    assert 'hx-trigger="portal:job from:body throttle:500ms"' in body
 
 
 @pytest.mark.parametrize("url", ["/t/protein-lab/jobs/", "/t/protein-lab/jobs/rows/", "/t/protein-lab/"])
