@@ -23,7 +23,7 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def _rss_mb(pid: int) -> float | None:
+def rss_mb(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -57,7 +57,7 @@ class RssSampler(threading.Thread):
 
     def sample(self) -> None:
         for label, pid in self._processes().items():
-            mb = _rss_mb(pid)
+            mb = rss_mb(pid)
             if mb is not None:
                 self.series[label].append(mb)
 

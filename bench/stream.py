@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.procs import stop_all  # noqa: E402 - once ROOT is on the path
-from bench.rss import _rss_mb  # noqa: E402
+from bench.rss import rss_mb  # noqa: E402
 
 DB_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/portal_bench_stream")
 os.environ.update(
@@ -149,7 +149,7 @@ async def stream_run(watchers: int, events: int, keys: list[str], job, server_pi
 
     limits = httpx.Limits(max_connections=watchers + 10, max_keepalive_connections=0)
     timeout = httpx.Timeout(CONNECT_TIMEOUT_S, read=CONNECT_TIMEOUT_S)
-    rss_idle = _rss_mb(server_pid)
+    rss_idle = rss_mb(server_pid)
     opened, held, receipts = asyncio.Event(), [], []
     opened.target = watchers  # type: ignore[attr-defined]
     async with httpx.AsyncClient(
@@ -163,7 +163,7 @@ async def stream_run(watchers: int, events: int, keys: list[str], job, server_pi
         await asyncio.wait_for(opened.wait(), CONNECT_TIMEOUT_S)
         print(f"watchers held: {held.count('ok')} of {watchers} in {time.monotonic() - started:.1f} s")
         await asyncio.sleep(2)
-        rss_held = _rss_mb(server_pid)
+        rss_held = rss_mb(server_pid)
         states = ["SUBMITTING", "PENDING", "RUNNING"]
         for n in range(events):
             # SUBMITTING, PENDING, then RUNNING ↔ PENDING (a requeue) as often as asked
