@@ -8,7 +8,8 @@ reads the new JobEvents for all of them: one indexed query every EVENTS_POLL_S w
 not routed the stream to the ASGI process) the same frames come from a plain generator that
 reads for itself and holds its worker; it works, but a worker per watcher.
 
-Events are JobEvents and their id is the event's id, so a client that reconnects with
+Events are JobEvents and their id is the event's id (read as they are committed, which is not
+always in id order: portal/core/tailing.py), so a client that reconnects with
 `Last-Event-ID` gets what it missed (up to EVENTS_BACKLOG events; beyond that an `event: reset`
 tells it to reload from the REST API). Who sees what is the job list's rule: the jobs of the
 tenants the caller may see (jobs.selectors), fixed when the stream opens; a stream ends after
@@ -27,7 +28,7 @@ import orjson
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, connection
-from django.db.models import Max
+from django.db.models import Max, Q
 from django.http import StreamingHttpResponse
 from rest_framework.exceptions import NotFound, Throttled
 
@@ -35,6 +36,7 @@ from jobs.models import Job, JobEvent
 from jobs.services import job_log_tail
 from jobs.states import END_STATES
 from portal.core.errors import Unavailable
+from portal.core.tailing import IdTail
 from tenants.models import Tenant
 from tenants.selectors import tenant_id_list_visible_to
 
@@ -69,8 +71,8 @@ def watch_of(user, tenant_slug: str | None) -> Watch:
     return Watch(user_id=user.pk, tenant_ids=ids)
 
 
-def events_after(cursor: int, *, tenant_ids: frozenset[int] | None, limit: int) -> list[tuple]:
-    rows = JobEvent.objects.filter(id__gt=cursor)
+def events_where(wanted: Q, *, tenant_ids: frozenset[int] | None, limit: int) -> list[tuple]:
+    rows = JobEvent.objects.filter(wanted)
     if tenant_ids is not None:
         rows = rows.filter(job__tenant_id__in=tenant_ids)
     return list(rows.order_by("id").values_list(*EVENT_COLUMNS)[:limit])
@@ -102,14 +104,14 @@ KEEPALIVE = b": keepalive\n\n"
 RESET = frame("reset", {"detail": "More events were missed than the stream replays: reload from the API."})
 
 
-def backlog(watch: Watch, last_id: int) -> tuple[list[bytes], int]:
-    """What a reconnecting client missed: its frames and the last id, with a reset if cut."""
-    rows = events_after(last_id, tenant_ids=watch.tenant_ids, limit=settings.EVENTS_BACKLOG + 1)
+def backlog(watch: Watch, last_id: int) -> tuple[list[bytes], list[int]]:
+    """What a reconnecting client missed: its frames (a reset last if cut) and their ids."""
+    rows = events_where(Q(id__gt=last_id), tenant_ids=watch.tenant_ids, limit=settings.EVENTS_BACKLOG + 1)
     sent = rows[: settings.EVENTS_BACKLOG]
     frames = [event_frame(row) for row in sent]
     if len(rows) > len(sent):
         frames.append(RESET)
-    return frames, (sent[-1][0] if sent else last_id)
+    return frames, [row[0] for row in sent]
 
 
 # -- WSGI: a generator that reads for itself -------------------------------------------------
@@ -117,16 +119,18 @@ def backlog(watch: Watch, last_id: int) -> tuple[list[bytes], int]:
 
 def events_polled(watch: Watch, last_id: int | None) -> Iterator[bytes]:
     yield opening()
-    cursor = latest_event_id() if last_id is None else last_id
+    tail = IdTail(latest_event_id() if last_id is None else last_id)
     if last_id is not None:
-        frames, cursor = backlog(watch, last_id)
+        frames, replayed = backlog(watch, last_id)
+        tail.took(replayed)
         yield from frames
     deadline, quiet_since = time.monotonic() + settings.EVENTS_STREAM_MAX_S, time.monotonic()
     while time.monotonic() < deadline:
-        rows = events_after(cursor, tenant_ids=watch.tenant_ids, limit=settings.EVENTS_BACKLOG)
+        rows = events_where(tail.wanted(), tenant_ids=watch.tenant_ids, limit=settings.EVENTS_BACKLOG)
+        tail.took([row[0] for row in rows])
         for row in rows:
             yield event_frame(row)
-            cursor, quiet_since = row[0], time.monotonic()
+            quiet_since = time.monotonic()
         if time.monotonic() - quiet_since >= settings.EVENTS_HEARTBEAT_S:
             yield KEEPALIVE
             quiet_since = time.monotonic()
@@ -164,7 +168,7 @@ class Hub:
     def __init__(self) -> None:
         self.subscribers: set[Subscriber] = set()
         self.per_user: Counter[int] = Counter()
-        self.cursor: int | None = None
+        self.tail: IdTail | None = None
         self.task: asyncio.Task | None = None
         self.read = sync_to_async(self._read, thread_sensitive=False)
 
@@ -175,8 +179,8 @@ class Hub:
             raise Throttled(detail="Too many open event streams; close one first.")
 
     async def subscribe(self, watch: Watch) -> Subscriber:
-        if self.cursor is None:
-            self.cursor = await sync_to_async(released(latest_event_id), thread_sensitive=False)()
+        if self.tail is None:
+            self.tail = IdTail(await sync_to_async(released(latest_event_id), thread_sensitive=False)())
         subscriber = Subscriber(watch)
         self.subscribers.add(subscriber)
         self.per_user[watch.user_id] += 1
@@ -189,9 +193,9 @@ class Hub:
             self.subscribers.discard(subscriber)
             self.per_user[subscriber.watch.user_id] -= 1
 
-    def _read(self, cursor: int) -> list[tuple]:
+    def _read(self, wanted: Q) -> list[tuple]:
         try:
-            return events_after(cursor, tenant_ids=None, limit=settings.EVENTS_BACKLOG)
+            return events_where(wanted, tenant_ids=None, limit=settings.EVENTS_BACKLOG)
         except DatabaseError as exc:
             log.warning("event stream: the database did not answer: %s", exc.__class__.__name__)
             return []
@@ -199,17 +203,16 @@ class Hub:
             connection.close()  # back to the pool (portal/asgi.py): the next read takes one
 
     async def _run(self) -> None:
-        while self.subscribers:
-            rows = await self.read(self.cursor)
+        while self.subscribers and self.tail is not None:
+            rows = await self.read(self.tail.wanted())
+            self.tail.took([row[0] for row in rows])
             for row in rows:
                 for subscriber in list(self.subscribers):
                     if subscriber.watch.sees(row[2]):
                         self._hand(subscriber, row)
-            if rows:
-                self.cursor = rows[-1][0]
             if len(rows) < settings.EVENTS_BACKLOG:
                 await asyncio.sleep(settings.EVENTS_POLL_S)
-        self.cursor = None  # the next watcher starts from the newest event then
+        self.tail = None  # the next watcher starts from the newest event then
 
     def _hand(self, subscriber: Subscriber, row: tuple) -> None:
         try:
@@ -230,9 +233,10 @@ async def events_pushed(watch: Watch, last_id: int | None) -> AsyncIterator[byte
     subscriber = await HUB.subscribe(watch)
     try:
         yield opening()
-        sent = -1
+        replayed: set[int] = set()
         if last_id is not None:
-            frames, sent = await sync_to_async(released(backlog), thread_sensitive=False)(watch, last_id)
+            frames, ids = await sync_to_async(released(backlog), thread_sensitive=False)(watch, last_id)
+            replayed = set(ids)
             for chunk in frames:
                 yield chunk
         deadline = time.monotonic() + settings.EVENTS_STREAM_MAX_S
@@ -244,7 +248,7 @@ async def events_pushed(watch: Watch, last_id: int | None) -> AsyncIterator[byte
                 continue
             if row is None:
                 return
-            if row[0] > sent:
+            if row[0] not in replayed:
                 yield event_frame(row)
     finally:
         HUB.unsubscribe(subscriber)

@@ -18,6 +18,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
 from clusters.gpu_metrics import backend_ids_named
@@ -41,6 +42,11 @@ from tenants.models import Tenant
 from tenants.selectors import platform_admin_emails, tenant_manager_emails
 
 log = logging.getLogger(__name__)
+
+
+# Sent for each tenant's (or the platform's: tenant_id None) new firing or resolution, with the
+# alerts, inside the receiver's transaction: the webhooks app delivers them to its endpoints.
+alert_news = Signal()
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,8 @@ def alerts_receive(incoming: list[IncomingAlert]) -> ReceiveReport:
             alert.save(update_fields=["status", "ends_at", "times_received", "received_last"])
         for (tenant_id, event), alerts in news.items():
             report.deliveries += _deliveries(tenant_id, event, alerts)
+            # Apps above this one hear of it too (webhooks): in this transaction, after the rows.
+            alert_news.send(sender=Alert, tenant_id=tenant_id, event=event, alerts=alerts)
         if report.deliveries:
             from monitoring.tasks import deliver_alerts
 

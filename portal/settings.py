@@ -106,6 +106,7 @@ INSTALLED_APPS = [
     "jobs",
     "monitoring",
     "identity",
+    "webhooks",
 ]
 
 MIDDLEWARE = [
@@ -318,6 +319,17 @@ LOCAL_SANDBOX_UID_COUNT = env_int("LOCAL_SANDBOX_UID_COUNT", 100_000, minimum=1,
 LOCAL_SANDBOX_RO_PATHS = env_list("LOCAL_SANDBOX_RO_PATHS", [])
 LOCAL_CLUSTER_TENANT = env_str("LOCAL_CLUSTER_TENANT", "")
 JOB_LOG_MAX_BYTES = env_int("JOB_LOG_MAX_BYTES", 1_000_000, minimum=1000)
+# Webhooks (webhooks/; docs/architecture.md, Webhooks): how often new events are scanned into
+# deliveries, how long a failing delivery is retried, and how long an endpoint may fail before it
+# is disabled. EVENTS_GAP_WAIT_S: how long a reader of new rows by id (the scan, the event
+# stream) waits for an id it passed over because its row was not committed yet.
+WEBHOOK_SCAN_INTERVAL_S = env_int("WEBHOOK_SCAN_INTERVAL_S", 5, minimum=1)
+WEBHOOK_RETRY_FOR_S = env_int("WEBHOOK_RETRY_FOR_S", 86_400, minimum=60)
+WEBHOOK_DISABLE_AFTER_S = env_int("WEBHOOK_DISABLE_AFTER_S", 86_400, minimum=60)
+EVENTS_GAP_WAIT_S = env_int("EVENTS_GAP_WAIT_S", 30, minimum=1)
+# Networks that deliveries may reach beside public addresses (CIDRs), with the console's
+# "allowed webhook networks"; none by default (webhooks/outbound.py).
+WEBHOOK_ALLOWED_RANGES = env_list("WEBHOOK_ALLOWED_RANGES", [])
 # The event streams (jobs/stream.py; docs/architecture.md, Live events): how often new job events
 # and a followed log are read, a keep-alive after this much silence, how long one stream lasts
 # before the client reconnects (and its scope is checked again), how many missed events a
@@ -486,6 +498,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "jobs.tasks.sample_gpus",
         "schedule": float(GPU_SAMPLE_INTERVAL_S),
         "options": {"expires": GPU_SAMPLE_INTERVAL_S - 5},
+    },
+    "scan-events": {
+        "task": "webhooks.tasks.scan_events",
+        "schedule": float(WEBHOOK_SCAN_INTERVAL_S),
+        "options": {"expires": max(1, WEBHOOK_SCAN_INTERVAL_S - 1)},
     },
 }
 

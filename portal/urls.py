@@ -18,6 +18,8 @@ from portal.core import api as core_api
 from portal.core import views as core_views
 from tenants import views as tenants_views
 from tenants.urls import api_urlpatterns as tenants_api
+from webhooks import views as webhooks_views
+from webhooks.urls import api_urlpatterns as webhooks_api
 
 router = SimpleRouter()
 router.register("auth/tokens", core_api.TokenViewSet, basename="token")
@@ -32,6 +34,7 @@ api_v1 = [
     *jobs_api,
     *monitoring_api_urls,
     *identity_api,
+    *webhooks_api,
 ]
 
 register_converter(converters.IdConverter, "id")
@@ -58,6 +61,17 @@ pages = [
         "t/<tslug:slug>/quota/<id:request_id>/withdraw/", tenants_views.quota_withdraw, name="quota-withdraw"
     ),
     path("t/<tslug:slug>/clusters/", tenants_views.clusters, name="clusters"),
+    path("t/<tslug:slug>/webhooks/", webhooks_views.webhooks, name="webhooks"),
+    path(
+        "t/<tslug:slug>/webhooks/<id:endpoint_id>/<str:action>/",
+        webhooks_views.endpoint_action,
+        name="webhook-action",
+    ),
+    path(
+        "t/<tslug:slug>/webhooks/<id:endpoint_id>/deliveries/<id:delivery_id>/redeliver/",
+        webhooks_views.redeliver,
+        name="webhook-redeliver",
+    ),
     path("t/<tslug:slug>/team/", tenants_views.team, name="team"),
     path("t/<tslug:slug>/team/add/", tenants_views.member_add, name="member-add"),
     path("t/<tslug:slug>/team/<username:username>/role/", tenants_views.member_role, name="member-role"),
@@ -94,6 +108,7 @@ urlpatterns = [
         "accounts/reset/done/", auth_views.PasswordResetCompleteView.as_view(), name="password_reset_complete"
     ),
     path("account/tokens/", token_pages.tokens, name="tokens"),
+    path("account/notifications/", webhooks_views.notifications, name="notifications"),
     path("account/tokens/new/", token_pages.token_new, name="token-new"),
     path("account/tokens/<id:token_id>/revoke/", token_pages.token_delete, name="token-delete"),
     path("i18n/", include("django.conf.urls.i18n")),

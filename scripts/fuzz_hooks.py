@@ -254,6 +254,16 @@ def channel(case, body: dict) -> None:
         body["secret"] = body.get("secret") or CHANNEL_SECRET
 
 
+# Where a positive webhook endpoint posts: loopback, which the contract stack allows
+# (WEBHOOK_ALLOWED_RANGES, scripts/contract); nothing listens there, so its deliveries fail.
+WEBHOOK_URL = "http://127.0.0.1:9/fuzz-webhook"
+
+
+def webhook(case, body: dict) -> None:
+    if "url" in body:
+        body["url"] = WEBHOOK_URL
+
+
 def usage(case) -> None:
     """`from` no later than `to`, at most 366 days apart (`to` defaults to today; an empty
     parameter is an absent one)."""
@@ -277,6 +287,8 @@ BODIES = {
     "POST /api/v1/tenants/{tenant_slug}/alert-channels/": channel,
     "PATCH /api/v1/tenants/{tenant_slug}/alert-channels/{id}/": channel,
     "POST /api/v1/group-mappings/": group_mapping,
+    "POST /api/v1/tenants/{tenant_slug}/webhooks/": webhook,
+    "PATCH /api/v1/tenants/{tenant_slug}/webhooks/{id}/": webhook,
 }
 
 

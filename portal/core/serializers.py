@@ -59,6 +59,15 @@ class StrictCharField(_StringOnly, serializers.CharField):
     pass
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """JSON true or false only: DRF's own takes "yes", "on", 1 and the like."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
+
+
 class StrictEmailField(_StringOnly, serializers.EmailField):
     pass
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("portal", "clusters", "tenants", "jobs", "monitoring", "identity")
+APPS = ("portal", "clusters", "tenants", "jobs", "monitoring", "identity", "webhooks")
 CODE = (*APPS, "bench", "scripts", "tests")
 
 
@@ -64,11 +64,12 @@ def test_portal_core_imports_no_app():
 @pytest.mark.parametrize(
     ("app", "above"),
     [
-        ("clusters", ("tenants", "jobs", "monitoring", "identity")),
-        ("tenants", ("jobs", "monitoring", "identity")),
-        ("jobs", ("monitoring", "identity")),
-        ("monitoring", ("identity",)),
-        ("identity", ("jobs", "monitoring")),
+        ("clusters", ("tenants", "jobs", "monitoring", "identity", "webhooks")),
+        ("tenants", ("jobs", "monitoring", "identity", "webhooks")),
+        ("jobs", ("monitoring", "identity", "webhooks")),
+        ("monitoring", ("identity", "webhooks")),
+        ("identity", ("jobs", "monitoring", "webhooks")),
+        ("webhooks", ("identity",)),
     ],
 )
 def test_an_app_imports_no_app_above_it(app, above):
