@@ -442,5 +442,11 @@ def grants_remind_ending(*, today: date | None = None) -> int:
                     to=tenant_manager_emails(tenant=grant.tenant),
                     context={"grant": grant, "days": (grant.ends_on - today).days},
                 )
+                # Recorded too, so that the tenant's webhooks hear of it (webhooks/services.py).
+                audit_record(
+                    actor=None, action="grant.ending", target=grant, tenant=grant.tenant,
+                    data={"ends_on": grant.ends_on.isoformat(), "days_left": (grant.ends_on - today).days,
+                          "scenario": grant.scenario.slug, "gpu_model": grant.gpu_model.slug},
+                )  # fmt: skip
                 sent += 1
     return sent

@@ -14,6 +14,7 @@ from tenants.models import Tenant
 class EventType(models.TextChoices):
     JOB_STATE = "job.state_changed", _("A job changed state")
     QUOTA_DECIDED = "quota.decided", _("A quota request was decided")
+    GRANT_ENDING = "grant.ending", _("A grant ends soon (7 days and 1 day before)")
     GRANT_ENDED = "grant.ended", _("A grant ended")
     ALERT_FIRING = "alert.firing", _("An alert fires")
     ALERT_RESOLVED = "alert.resolved", _("An alert was resolved")

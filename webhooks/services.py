@@ -48,7 +48,11 @@ log = logging.getLogger(__name__)
 DELIVER_TASK = "webhooks.tasks.deliver"
 SCAN_LIMIT = 1000
 QUOTA_DECISIONS = {"quota_request.approved", "quota_request.partially_approved", "quota_request.rejected"}
-AUDITED = {**dict.fromkeys(QUOTA_DECISIONS, EventType.QUOTA_DECIDED), "grant.ended": EventType.GRANT_ENDED}
+AUDITED = {
+    **dict.fromkeys(QUOTA_DECISIONS, EventType.QUOTA_DECIDED),
+    "grant.ending": EventType.GRANT_ENDING,
+    "grant.ended": EventType.GRANT_ENDED,
+}
 SUBSCRIBABLE = [t for t in EventType.values if t != EventType.PING]
 
 

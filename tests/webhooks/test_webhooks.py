@@ -358,3 +358,18 @@ def test_mail_when_a_job_ends_only_for_who_asked(
     (mail,) = mailoutbox
     assert mail.to == ["member@example.org"] and f"#{mine.pk}" in mail.subject and "FAILED" in mail.subject
     assert f"/t/protein-lab/jobs/{mine.pk}/" in mail.body
+
+
+def test_a_grant_ending_soon_is_delivered(client_for, owner, grant, loopback_allowed, received):
+    from tenants.services import grants_remind_ending
+
+    made = make_endpoint(client_for(owner), received["address"], events=("grant.ending", "grant.ended"))
+    services.events_scan()
+    assert grants_remind_ending(today=grant.ends_on - timedelta(days=3)) == 1
+    scan_and_deliver()
+    (body,) = [verify(r, made["secret"]) for r in received["requests"]]
+    assert body["type"] == "grant.ending"
+    assert body["data"]["grant"] | {"id": None} == {
+        "id": None, "ends_on": grant.ends_on.isoformat(), "days_left": 3,
+        "scenario": grant.scenario.slug, "gpu_model": grant.gpu_model.slug,
+    }  # fmt: skip
