@@ -69,8 +69,10 @@ class Delivery(models.Model):
     last_attempt_at = models.DateTimeField(null=True, blank=True)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
+    # CASCADE: set to null, a redelivery would become a second "first" delivery of its event
+    # (the constraint below); they go together, with their endpoint.
     redelivery_of = models.ForeignKey(
-        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+        "self", on_delete=models.CASCADE, null=True, blank=True, related_name="+"
     )
 
     class Meta:

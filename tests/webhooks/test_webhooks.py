@@ -238,6 +238,9 @@ def test_a_failing_receiver_is_retried_with_backoff_then_a_day_disables_it_and_m
         (str(delivery.pk), "failed"),
     ]
     assert verify(received["requests"][-1], made["secret"])["data"]["job"]["state"] == "SUBMITTING"
+    # removed with its log, the redelivery included
+    assert client.delete(f"/api/v1/tenants/protein-lab/webhooks/{made['id']}/").status_code == 204
+    assert not Delivery.objects.exists()
 
 
 def test_retries_stop_after_a_day(client_for, owner, member, make_job, loopback_allowed, received):
