@@ -11,7 +11,7 @@ OIDC := tests/oidc_provider/node_modules/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e ".[dev]"
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e ".[dev,cli]"
 	touch $@
 
 # django-auth-ldap and python-ldap, which compiles against Debian's libldap2-dev and libsasl2-dev

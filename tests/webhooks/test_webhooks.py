@@ -11,7 +11,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from jobs.models import Job, JobState
@@ -292,10 +292,13 @@ def test_an_event_committed_after_a_later_one_is_still_delivered(
     inserted, release = threading.Event(), threading.Event()
 
     def slow_writer():
-        with transaction.atomic():
-            moved(Job.objects.get(pk=first.pk), JobState.SUBMITTING)
-            inserted.set()
-            release.wait(10)
+        try:
+            with transaction.atomic():
+                moved(Job.objects.get(pk=first.pk), JobState.SUBMITTING)
+                inserted.set()
+                release.wait(10)
+        finally:
+            connection.close()  # this thread's: else the test database's teardown waits on it
 
     writer = threading.Thread(target=slow_writer)
     writer.start()
