@@ -19,14 +19,15 @@ tenant stops receiving it within that time.
 
 import asyncio
 import logging
+import re
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 import orjson
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core.cache import cache
 from django.db import DatabaseError, connection
 from django.db.models import Max, Q
 from django.http import StreamingHttpResponse
@@ -36,11 +37,13 @@ from jobs.models import Job, JobEvent
 from jobs.services import job_log_tail
 from jobs.states import END_STATES
 from portal.core.errors import Unavailable
+from portal.core.serializers import SLUG_PATTERN
 from portal.core.tailing import IdTail
 from tenants.models import Tenant
 from tenants.selectors import tenant_id_list_visible_to
 
 log = logging.getLogger(__name__)
+SLUG_RE = re.compile(SLUG_PATTERN)
 
 # A JobEvent as the stream says it: these columns, in this order (frame() names them).
 EVENT_COLUMNS = ("id", "job_id", "job__tenant_id", "job__tenant__slug", "job__name", "from_state", "to_state",
@@ -64,6 +67,8 @@ def watch_of(user, tenant_slug: str | None) -> Watch:
     visible = tenant_id_list_visible_to(user=user)
     ids = frozenset(visible) if isinstance(visible, list) else None
     if tenant_slug:
+        if not SLUG_RE.fullmatch(tenant_slug):
+            raise NotFound  # as a path slug in an impossible form: before any lookup
         tenant_id = Tenant.objects.filter(slug=tenant_slug).values_list("pk", flat=True).first()
         if tenant_id is None or (ids is not None and tenant_id not in ids):
             raise NotFound
@@ -119,22 +124,89 @@ def backlog(watch: Watch, last_id: int) -> tuple[list[bytes], list[int]]:
 
 def events_polled(watch: Watch, last_id: int | None) -> Iterator[bytes]:
     yield opening()
-    tail = IdTail(latest_event_id() if last_id is None else last_id)
+    tail, replayed = IdTail(latest_event_id()), set()
     if last_id is not None:
-        frames, replayed = backlog(watch, last_id)
-        tail.took(replayed)
+        frames, ids = backlog(watch, last_id)
+        replayed = set(ids)
         yield from frames
     deadline, quiet_since = time.monotonic() + settings.EVENTS_STREAM_MAX_S, time.monotonic()
     while time.monotonic() < deadline:
-        rows = events_where(tail.wanted(), tenant_ids=watch.tenant_ids, limit=settings.EVENTS_BACKLOG)
+        # Every tenant's rows, the caller's picked here: the gaps are the ids not yet committed,
+        # not the other tenants' events (portal/core/tailing.py).
+        rows = events_where(tail.wanted(), tenant_ids=None, limit=settings.EVENTS_BACKLOG)
         tail.took([row[0] for row in rows])
         for row in rows:
-            yield event_frame(row)
-            quiet_since = time.monotonic()
+            if watch.sees(row[2]) and row[0] not in replayed:
+                yield event_frame(row)
+                quiet_since = time.monotonic()
         if time.monotonic() - quiet_since >= settings.EVENTS_HEARTBEAT_S:
             yield KEEPALIVE
             quiet_since = time.monotonic()
         time.sleep(settings.EVENTS_POLL_S)
+
+
+# -- How many streams a user holds: across the site's processes, in the cache ------------------
+
+
+def _slots(user_id: int) -> str:
+    return f"streams:{user_id}"
+
+
+def stream_slot_take(user_id: int) -> None:
+    """One of the user's EVENTS_MAX_STREAMS_PER_USER open streams (both kinds, every process),
+    or 429. The count lives in the cache and expires a little after the longest stream, so a
+    stream whose end was never counted (a process killed) frees its slot by then. A cache that
+    cannot be reached lets the stream open."""
+    key = _slots(user_id)
+    try:
+        cache.add(key, 0, timeout=settings.EVENTS_STREAM_MAX_S + 60)
+        held = cache.incr(key)
+        cache.touch(key, timeout=settings.EVENTS_STREAM_MAX_S + 60)
+    except Exception as exc:  # the cache backend's own errors differ (redis, file system)
+        log.warning("stream count skipped, cache unavailable: %s", exc.__class__.__name__)
+        return
+    if held > settings.EVENTS_MAX_STREAMS_PER_USER:
+        stream_slot_give(user_id)
+        raise Throttled(detail="Too many open event streams; close one first.")
+
+
+def stream_slot_give(user_id: int) -> None:
+    try:
+        if cache.decr(_slots(user_id)) < 0:
+            cache.set(_slots(user_id), 0, timeout=settings.EVENTS_STREAM_MAX_S + 60)
+    except Exception:  # gone (expired) or unreachable: nothing to give back
+        log.debug("stream slot of %s already gone", user_id)
+
+
+class _Released:
+    """A stream's content that gives its slot back when the response is closed: Django closes
+    it whether the stream ended, the client left, or it never started."""
+
+    def __init__(self, content, release) -> None:
+        self.content, self._release = content, release
+
+    def close(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+        if (close := getattr(self.content, "close", None)) is not None:
+            close()
+
+
+class _SyncReleased(_Released):
+    def __iter__(self):
+        return iter(self.content)
+
+
+class _AsyncReleased(_Released):
+    def __aiter__(self):
+        return self.content.__aiter__()
+
+
+def _counted(user_id: int, content) -> _Released:
+    stream_slot_take(user_id)
+    released = _AsyncReleased if hasattr(content, "__aiter__") else _SyncReleased
+    return released(content, lambda: stream_slot_give(user_id))
 
 
 # -- ASGI: one hub per process, a queue per watcher ------------------------------------------
@@ -167,31 +239,21 @@ class Hub:
 
     def __init__(self) -> None:
         self.subscribers: set[Subscriber] = set()
-        self.per_user: Counter[int] = Counter()
         self.tail: IdTail | None = None
         self.task: asyncio.Task | None = None
         self.read = sync_to_async(self._read, thread_sensitive=False)
-
-    def refuse_if_full(self, watch: Watch) -> None:
-        """A caller may hold EVENTS_MAX_STREAMS_PER_USER streams per process (read from the view's
-        thread: a stream that opens meanwhile may pass one over)."""
-        if self.per_user[watch.user_id] >= settings.EVENTS_MAX_STREAMS_PER_USER:
-            raise Throttled(detail="Too many open event streams; close one first.")
 
     async def subscribe(self, watch: Watch) -> Subscriber:
         if self.tail is None:
             self.tail = IdTail(await sync_to_async(released(latest_event_id), thread_sensitive=False)())
         subscriber = Subscriber(watch)
         self.subscribers.add(subscriber)
-        self.per_user[watch.user_id] += 1
         if self.task is None or self.task.done():
             self.task = asyncio.get_running_loop().create_task(self._run())
         return subscriber
 
     def unsubscribe(self, subscriber: Subscriber) -> None:
-        if subscriber in self.subscribers:
-            self.subscribers.discard(subscriber)
-            self.per_user[subscriber.watch.user_id] -= 1
+        self.subscribers.discard(subscriber)
 
     def _read(self, wanted: Q) -> list[tuple]:
         try:
@@ -269,10 +331,10 @@ def stream_response(content) -> StreamingHttpResponse:
 
 def job_events_stream(request, watch: Watch, last_id: int | None) -> StreamingHttpResponse:
     if not is_asgi(request):
-        return stream_response(events_polled(watch, last_id))
-    HUB.refuse_if_full(watch)
+        return stream_response(_counted(watch.user_id, events_polled(watch, last_id)))
+    content = _counted(watch.user_id, events_pushed(watch, last_id))
     connection.close()  # the request's thread's: a stream holds no connection (portal/asgi.py)
-    return stream_response(events_pushed(watch, last_id))
+    return stream_response(content)
 
 
 # -- One job's log ----------------------------------------------------------------------------
@@ -354,6 +416,7 @@ async def log_pushed(follow: LogFollow) -> AsyncIterator[bytes]:
 def job_log_stream(request, job: Job) -> StreamingHttpResponse:
     follow = LogFollow(job_id=job.pk)
     if not is_asgi(request):
-        return stream_response(log_polled(follow))
+        return stream_response(_counted(request.user.pk, log_polled(follow)))
+    content = _counted(request.user.pk, log_pushed(follow))
     connection.close()  # as job_events_stream
-    return stream_response(log_pushed(follow))
+    return stream_response(content)

@@ -523,6 +523,7 @@ API_THROTTLE_RATES = {
     "user": env_str("API_THROTTLE_USER", "1200/min"),
     "anon": env_str("API_THROTTLE_ANON", "60/min"),
     "token": env_str("API_THROTTLE_TOKEN", "20/min"),
+    "conditional": env_str("API_THROTTLE_CONDITIONAL", "6000/min"),
     # Usernames a tenant's manager may try that name no user, per hour (API and team page): adding
     # a member tells whether a username exists, so guessing them is bounded (docs: web-hardening).
     "member_lookup": env_str("API_THROTTLE_MEMBER_LOOKUP", "20/hour"),

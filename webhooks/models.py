@@ -45,6 +45,11 @@ class Endpoint(models.Model):
     def __str__(self) -> str:
         return f"{self.tenant_id}: webhook {self.pk}"
 
+    @property
+    def shown_url(self) -> str:
+        """The URL as pages and the API show it: without its query, where a receiver's key may be."""
+        return self.url.split("?", 1)[0].split("#", 1)[0]
+
 
 class DeliveryStatus(models.TextChoices):
     PENDING = "pending", _("Pending")

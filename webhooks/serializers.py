@@ -28,7 +28,7 @@ class WebhookEndpointOut(serializers.ModelSerializer):
 
     def get_url(self, endpoint) -> str:
         """Scheme, host and path: a query may carry a receiver's key, so it is not shown back."""
-        return endpoint.url.split("?", 1)[0]
+        return endpoint.shown_url
 
 
 class WebhookEndpointCreatedOut(WebhookEndpointOut):

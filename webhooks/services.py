@@ -46,6 +46,8 @@ from webhooks.models import (
 log = logging.getLogger(__name__)
 
 DELIVER_TASK = "webhooks.tasks.deliver"
+# How long an attempt may take before its row is due again: above the delivery task's hard limit.
+CLAIM_S = 120
 SCAN_LIMIT = 1000
 QUOTA_DECISIONS = {"quota_request.approved", "quota_request.partially_approved", "quota_request.rejected"}
 AUDITED = {
@@ -156,8 +158,11 @@ def _iso(moment) -> str:
     return moment.isoformat().replace("+00:00", "Z")
 
 
-def _envelope(event_type: str, tenant_slug: str, data: dict) -> dict:
-    return {"type": event_type, "created": _iso(timezone.now()), "tenant": tenant_slug, "data": data}
+def _envelope(event_type: str, event_id: str, tenant_slug: str, data: dict) -> dict:
+    """`event_id` names the event, the same in every delivery of it (a retry, a redelivery, to
+    each endpoint): what a receiver deduplicates by. The delivery's own `id` is added at send."""
+    return {"type": event_type, "event_id": event_id, "created": _iso(timezone.now()), "tenant": tenant_slug,
+            "data": data}  # fmt: skip
 
 
 def redeliver(*, actor, delivery: Delivery) -> Delivery:
@@ -176,9 +181,10 @@ def redeliver(*, actor, delivery: Delivery) -> Delivery:
 def ping(*, actor, endpoint: Endpoint) -> Delivery:
     """A `ping` delivery to the endpoint, whatever events it takes, to try a receiver."""
     with transaction.atomic():
+        key = f"ping:{secrets.token_hex(8)}"
         delivery = Delivery.objects.create(
-            endpoint=endpoint, event_type=EventType.PING, event_key=f"ping:{secrets.token_hex(8)}",
-            payload=_envelope(EventType.PING, endpoint.tenant.slug, {"endpoint": str(endpoint.pk)}),
+            endpoint=endpoint, event_type=EventType.PING, event_key=key,
+            payload=_envelope(EventType.PING, key, endpoint.tenant.slug, {"endpoint": str(endpoint.pk)}),
             redelivery_of=None, next_attempt_at=timezone.now(),
         )  # fmt: skip
         send_after_commit(DELIVER_TASK, delivery_id=delivery.pk)
@@ -196,11 +202,40 @@ def retry_delay_s(attempts: int) -> int:
 
 def delivery_attempt(*, delivery_id: int) -> float | None:
     """One attempt at a due delivery, logged in its row. Returns seconds until the next attempt
-    when it failed and may be tried again, else None (sent, given up, or not due)."""
+    when it failed and may be tried again, else None (sent, given up, or not due).
+
+    Three steps, so that no row or connection is held while a receiver takes its time: the
+    attempt is claimed and counted (committed: a task that dies in the post, at its time limit
+    say, has still spent it, and the scan sends the delivery again once the claim passes), then
+    the post, then its outcome."""
+    claimed = _claim(delivery_id)
+    if claimed is None:
+        return None
+    delivery, url, secret = claimed
+    error, status = "", None
+    body, timestamp = body_of(delivery), str(int(time.time()))
+    headers = {
+        outbound.TIMESTAMP_HEADER: timestamp,
+        outbound.SIGNATURE_HEADER: outbound.signature(secret, timestamp, body),
+        "X-Portal-Event": delivery.event_type,
+        "X-Portal-Delivery": str(delivery.pk),
+    }
+    try:
+        status = outbound.post(url, body, headers, allowed_networks())
+        if not 200 <= status < 300:
+            error = f"answered HTTP {status}"
+    except outbound.Refused as exc:
+        error = f"the URL {exc}"
+    except Exception as exc:  # NoAnswer, the task's soft time limit, anything the post raised
+        error = str(exc) if isinstance(exc, outbound.NoAnswer) else f"no answer: {type(exc).__name__}"
+    return _outcome(delivery.pk, status, error)
+
+
+def _claim(delivery_id: int) -> tuple[Delivery, str, str] | None:
     with transaction.atomic():
         delivery = (
             Delivery.objects.select_for_update(of=("self",))
-            .select_related("endpoint__tenant")
+            .select_related("endpoint")
             .filter(pk=delivery_id, status=DeliveryStatus.PENDING)
             .first()
         )
@@ -209,38 +244,37 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
             delivery.next_attempt_at and delivery.next_attempt_at > now + timedelta(seconds=1)
         ):
             return None
-        endpoint = delivery.endpoint
+        if not delivery.endpoint.enabled:
+            delivery.status, delivery.next_attempt_at = DeliveryStatus.FAILED, None
+            delivery.last_error = "the endpoint is disabled"
+            delivery.save(update_fields=["status", "next_attempt_at", "last_error"])
+            return None
         delivery.attempts += 1
         delivery.last_attempt_at = now
-        error, status = "", None
-        if not endpoint.enabled:
-            error = "the endpoint is disabled"
-        else:
-            body, timestamp = body_of(delivery), str(int(time.time()))
-            headers = {
-                outbound.TIMESTAMP_HEADER: timestamp,
-                outbound.SIGNATURE_HEADER: outbound.signature(endpoint.secret, timestamp, body),
-                "X-Portal-Event": delivery.event_type,
-                "X-Portal-Delivery": str(delivery.pk),
-            }
-            try:
-                status = outbound.post(endpoint.url, body, headers, allowed_networks())
-                if not 200 <= status < 300:
-                    error = f"answered HTTP {status}"
-            except (outbound.Refused, outbound.NoAnswer) as exc:
-                error = str(exc) if isinstance(exc, outbound.NoAnswer) else f"the URL {exc}"
+        delivery.next_attempt_at = now + timedelta(seconds=CLAIM_S)  # a lost attempt's row comes back then
+        delivery.save(update_fields=["attempts", "last_attempt_at", "next_attempt_at"])
+    return delivery, delivery.endpoint.url, delivery.endpoint.secret
+
+
+def _outcome(delivery_id: int, status: int | None, error: str) -> float | None:
+    with transaction.atomic():
+        delivery = (
+            Delivery.objects.select_for_update(of=("self",))
+            .select_related("endpoint__tenant")
+            .get(pk=delivery_id)
+        )
+        endpoint, now = delivery.endpoint, timezone.now()
         delivery.response_status, delivery.last_error = status, error[:300]
         if not error:
             delivery.status, delivery.delivered_at, delivery.next_attempt_at = DeliveryStatus.SENT, now, None
-            if endpoint.failing_since:
-                Endpoint.objects.filter(pk=endpoint.pk).update(failing_since=None)
             delivery.save()
+            Endpoint.objects.filter(pk=endpoint.pk).exclude(failing_since=None).update(failing_since=None)
             return None
         log.warning("webhook delivery %s to endpoint %s, attempt %s: %s", delivery.pk, endpoint.pk,
                     delivery.attempts, error)  # fmt: skip
-        _endpoint_failed(endpoint, now)
+        enabled = endpoint_failed(endpoint, now)
         wait = retry_delay_s(delivery.attempts)
-        if endpoint.enabled and now + timedelta(seconds=wait) < delivery.created + timedelta(
+        if enabled and now + timedelta(seconds=wait) < delivery.created + timedelta(
             seconds=settings.WEBHOOK_RETRY_FOR_S
         ):
             delivery.next_attempt_at = now + timedelta(seconds=wait)
@@ -251,17 +285,23 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
         return None
 
 
-def _endpoint_failed(endpoint: Endpoint, now) -> None:
+def endpoint_failed(endpoint: Endpoint, now) -> bool:
     """The endpoint's deliveries have failed since failing_since: a day of it disables it, and its
-    tenant's owners and managers are told by mail."""
+    tenant's owners and managers are told by mail. Each change is made only on the row as it was
+    read (a success or a re-enable meanwhile wins), so two failing deliveries at once disable it
+    and mail once. Returns whether the endpoint is still enabled."""
     if endpoint.failing_since is None:
         Endpoint.objects.filter(pk=endpoint.pk, failing_since=None).update(failing_since=now)
-        return
-    if endpoint.enabled and now - endpoint.failing_since >= timedelta(
+        return endpoint.enabled
+    if not endpoint.enabled or now - endpoint.failing_since < timedelta(
         seconds=settings.WEBHOOK_DISABLE_AFTER_S
     ):
-        reason = f"every delivery failed since {endpoint.failing_since:%Y-%m-%d %H:%M} UTC"
-        Endpoint.objects.filter(pk=endpoint.pk).update(enabled=False, disabled_reason=reason)
+        return endpoint.enabled
+    reason = f"every delivery failed since {endpoint.failing_since:%Y-%m-%d %H:%M} UTC"
+    disabled = Endpoint.objects.filter(
+        pk=endpoint.pk, enabled=True, failing_since=endpoint.failing_since
+    ).update(enabled=False, disabled_reason=reason)
+    if disabled:
         endpoint.enabled = False
         audit_record(actor=None, action="webhook.disable", target=endpoint, tenant=endpoint.tenant,
                      data={"reason": reason})  # fmt: skip
@@ -270,16 +310,22 @@ def _endpoint_failed(endpoint: Endpoint, now) -> None:
             to=tenant_manager_emails(tenant=endpoint.tenant),
             context={"tenant": endpoint.tenant, "endpoint": endpoint, "reason": reason},
         )
+    return Endpoint.objects.filter(pk=endpoint.pk, enabled=True).exists()
 
 
 def resend_overdue() -> int:
-    """Deliveries whose task was lost (a broker restart): sent again. Returns how many."""
-    overdue = Delivery.objects.filter(
-        status=DeliveryStatus.PENDING, next_attempt_at__lt=timezone.now() - timedelta(minutes=2)
-    ).values_list("pk", flat=True)[:SCAN_LIMIT]
-    ids = list(overdue)
-    for pk in ids:
-        send_after_commit(DELIVER_TASK, delivery_id=pk)
+    """Deliveries whose task was lost (a broker restart, a worker killed mid-post): sent again,
+    each at most once every CLAIM_S. Returns how many."""
+    now = timezone.now()
+    with transaction.atomic():
+        ids = list(
+            Delivery.objects.select_for_update(skip_locked=True)
+            .filter(status=DeliveryStatus.PENDING, next_attempt_at__lt=now - timedelta(seconds=CLAIM_S))
+            .values_list("pk", flat=True)[:SCAN_LIMIT]
+        )
+        Delivery.objects.filter(pk__in=ids).update(next_attempt_at=now)  # due now, overdue again only later
+        for pk in ids:
+            send_after_commit(DELIVER_TASK, delivery_id=pk)
     return len(ids)
 
 
@@ -346,12 +392,9 @@ def _job_events(rows: list[JobEvent], endpoints: dict[int, list[Endpoint]]) -> i
                 "exit_code": job.exit_code if event.to_state in END_STATES else None,
             }
         }
-        payload = _envelope(EventType.JOB_STATE, job.tenant.slug, data)
-        made += len(
-            _deliveries(
-                endpoints.get(job.tenant_id, []), EventType.JOB_STATE, f"job_event:{event.pk}", payload
-            )
-        )
+        key = f"job_event:{event.pk}"
+        payload = _envelope(EventType.JOB_STATE, key, job.tenant.slug, data)
+        made += len(_deliveries(endpoints.get(job.tenant_id, []), EventType.JOB_STATE, key, payload))
         if event.to_state in END_STATES and job.submitted_by_id in mail_to and job.submitted_by.email:
             mail_on_commit(template="job_ended", to=[job.submitted_by.email],
                            context={"job": job, "state": event.to_state, "reason": event.reason})  # fmt: skip
@@ -374,8 +417,9 @@ def _audit_events(rows: list[AuditEvent], endpoints: dict[int, list[Endpoint]]) 
             }
         else:
             data = {"grant": {"id": event.target_id, **event.data}}
-        payload = _envelope(event_type, event.tenant_slug, data)
-        made += len(_deliveries(endpoints.get(event.tenant_id, []), event_type, f"audit:{event.pk}", payload))
+        key = f"audit:{event.pk}"
+        payload = _envelope(event_type, key, event.tenant_slug, data)
+        made += len(_deliveries(endpoints.get(event.tenant_id, []), event_type, key, payload))
     return made
 
 
@@ -398,9 +442,9 @@ def alerts_announced(*, tenant_id: int | None, event: str, alerts: list, **_) ->
                 "ends_at": _iso(alert.ends_at) if alert.ends_at else None,
             }
         }
-        key = f"alert:{alert.pk}:{event}:{int(alert.received_last.timestamp())}"
+        key = f"alert:{alert.pk}:{event}:{int(alert.received_last.timestamp())}"[:64]
         slug = endpoints[0].tenant.slug if endpoints else ""
-        _deliveries(endpoints, event_type, key[:64], _envelope(event_type, slug, data))
+        _deliveries(endpoints, event_type, key, _envelope(event_type, key, slug, data))
 
 
 def job_end_mail_set(*, user, enabled: bool) -> JobEndMail:

@@ -5,6 +5,7 @@ from datetime import datetime
 
 from celery import current_app
 from django.db import transaction
+from django.db.models import Max
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
@@ -63,15 +64,20 @@ def reported_at(when: datetime | None, *, after: datetime | None) -> datetime | 
     return max(after, min(when, timezone.now())) if after else min(when, timezone.now())
 
 
-def unseen_start_event(job: Job, started_at: datetime | None) -> JobEvent | None:
-    """The RUNNING event of a start that no poll saw (a job that started and ended, or started
-    and was requeued, between two polls), at the start the scheduler reports: so the timeline
-    tells that it ran. None when the job is RUNNING here already, or no start is reported."""
+def unseen_start_event(job: Job, started_at: datetime | None, *, after: datetime | None) -> JobEvent | None:
+    """The RUNNING event of a start that no poll saw (a job that started and ended between two
+    polls; a requeued job's restart and end), at the start the scheduler reports, kept after
+    the job's last event (`after`): so the timeline tells that it ran. None when the job is
+    RUNNING here already, or no start is reported."""
     if started_at is None or job.state not in (JobState.SUBMITTING, JobState.PENDING):
         return None
-    return moved_event(
-        job, JobState.RUNNING, reason="started", at=reported_at(started_at, after=job.submitted_at)
-    )
+    return moved_event(job, JobState.RUNNING, reason="started", at=reported_at(started_at, after=after))
+
+
+def last_event_times(job_ids) -> dict[int, datetime]:
+    """The time of each job's latest event: what a time the scheduler reports is kept after."""
+    rows = JobEvent.objects.filter(job_id__in=job_ids).values("job_id").annotate(last=Max("at"))
+    return dict(rows.values_list("job_id", "last"))
 
 
 def _moved(job: Job, to_state: str, *, reason: str, raw_state: str) -> dict:

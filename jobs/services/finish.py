@@ -12,7 +12,7 @@ from clusters.models import Partition
 from clusters.selectors import catalog_names
 from jobs.models import Job, JobEvent, JobState
 from jobs.services.admission import jobs_admit_soon
-from jobs.services.common import moved_event, reported_at, unseen_start_event
+from jobs.services.common import last_event_times, moved_event, reported_at, unseen_start_event
 from jobs.states import END_STATES
 from portal.core.metrics import jobs_ended
 from tenants.services import grant_settle
@@ -48,19 +48,29 @@ def _finish(partition_id: int, ends: dict[int, tuple[JobStatus | None, str]]) ->
         Partition.objects.select_for_update(no_key=True).get(pk=partition_id)
         jobs = list(Job.objects.select_for_update().filter(pk__in=ends).order_by("pk"))
         now = timezone.now()
+        last_at = last_event_times([job.pk for job in jobs])
         events, ended = [], []
         settle: dict[int, list] = defaultdict(lambda: [Decimal(0), Decimal(0), 0])  # reserved, used, GPUs
         for job in jobs:
             if job.state in END_STATES:
                 continue
             status, reject_reason = ends[job.pk]
+            ended_at = None
             if status is None:
                 events.append(moved_event(job, JobState.REJECTED, reason=reject_reason))
             else:
-                job.started_at = job.started_at or reported_at(status.started_at, after=job.submitted_at)
-                if status.state != JobState.REJECTED and (start := unseen_start_event(job, job.started_at)):
-                    events.append(start)
-                ended_at = reported_at(status.finished_at, after=job.started_at or job.submitted_at)
+                after = max(filter(None, (job.submitted_at, last_at.get(job.pk))), default=None)
+                started = reported_at(status.started_at, after=after)
+                job.started_at = job.started_at or started
+                unseen = (
+                    unseen_start_event(job, started, after=after)
+                    if status.state != JobState.REJECTED
+                    else None
+                )
+                if unseen is not None:
+                    events.append(unseen)
+                    after = unseen.at
+                ended_at = reported_at(status.finished_at, after=after)
                 events.append(
                     moved_event(
                         job, status.state, reason=status.reason, raw_state=status.raw_state, at=ended_at
@@ -68,7 +78,7 @@ def _finish(partition_id: int, ends: dict[int, tuple[JobStatus | None, str]]) ->
                 )
                 job.exit_code = status.exit_code
                 job.node_list = status.node_list or job.node_list
-            job.finished_at = (status.finished_at if status else None) or now
+            job.finished_at = (ended_at if status else None) or now  # as its end event says
             elapsed_s = (job.finished_at - job.started_at).total_seconds() if job.started_at else 0.0
             job.gpu_hours = (Decimal(max(0.0, elapsed_s) / 3600) * job.gpus).quantize(Decimal("0.0001"))
             grant = settle[job.grant_id]

@@ -3,7 +3,7 @@ of a cluster reads every active job's state and writes only what changed; the en
 finish.py."""
 
 from collections import defaultdict
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -14,7 +14,7 @@ from clusters.breaker import cluster_slot
 from clusters.models import Cluster
 from clusters.services import backend_of, cluster_answered, cluster_available, cluster_mark_health
 from jobs.models import Job, JobEvent, JobState
-from jobs.services.common import moved_event, reported_at
+from jobs.services.common import last_event_times, moved_event, reported_at
 from jobs.services.finish import jobs_finish
 from jobs.states import ACTIVE_IN_SCHEDULER, END_STATES
 from portal.core.metrics import poll_seconds, timed
@@ -86,8 +86,9 @@ def _values(job: Job) -> tuple:
     return tuple(getattr(job, name) for name in _FOLLOWED_FIELDS)
 
 
-def _followed(job: Job, status: JobStatus) -> tuple:
-    """The row's followed values once the (non-end) status is applied, without changing the job."""
+def _followed(job: Job, status: JobStatus, last_at: datetime | None = None) -> tuple:
+    """The row's followed values once the (non-end) status is applied, without changing the job.
+    A reported start is kept after the job's submission and its last event (`last_at`)."""
     if job.state in END_STATES:
         return _values(job)
     state, reason, raw_state = job.state, job.reason, job.raw_state
@@ -96,7 +97,8 @@ def _followed(job: Job, status: JobStatus) -> tuple:
     elif job.state != JobState.CANCELLING:
         reason, raw_state = status.reason, status.raw_state  # e.g. Priority → Resources
     # A job being cancelled stays CANCELLING until the scheduler says it ended.
-    started_at = job.started_at or reported_at(status.started_at, after=job.submitted_at)
+    after = max(filter(None, (job.submitted_at, last_at)), default=None)
+    started_at = job.started_at or reported_at(status.started_at, after=after)
     return state, reason, raw_state, started_at, status.node_list or job.node_list
 
 
@@ -106,19 +108,20 @@ def jobs_apply_statuses(statuses: dict[int, JobStatus]) -> int:
     set of new values (jobs that changed alike, e.g. a reason, share one). Returns how many
     moved to another state."""
     events, changed = [], defaultdict(list)
+    starting = [
+        pk for pk, status in statuses.items() if status.state == JobState.RUNNING and status.started_at
+    ]
     with transaction.atomic():
+        last_at = last_event_times(starting) if starting else {}
         for job in Job.objects.select_for_update().filter(pk__in=statuses).only(*_FOLLOWED).order_by("pk"):
             status = statuses[job.pk]
-            values = _followed(job, status)
+            values = _followed(job, status, last_at.get(job.pk))
             if values == _values(job):
                 continue
             if values[0] != job.state:
-                # a start at the scheduler's time (a restart after a requeue: its own time)
-                at = (
-                    reported_at(status.started_at, after=job.submitted_at)
-                    if values[0] == JobState.RUNNING
-                    else None
-                )
+                # a start at the scheduler's time (a restart after a requeue: its own), after the last event
+                after = max(filter(None, (job.submitted_at, last_at.get(job.pk))), default=None)
+                at = reported_at(status.started_at, after=after) if values[0] == JobState.RUNNING else None
                 events.append(
                     moved_event(job, values[0], reason=status.reason, raw_state=status.raw_state, at=at)
                 )

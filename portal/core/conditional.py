@@ -8,7 +8,9 @@ bytes on the wire and the client's parsing; bench/conditional.py measures what i
 web process. A 304 is not counted by the throttles: a client that asks again and learns that
 nothing changed must not use up the allowance that its real work needs. The throttles of a
 request that carries If-None-Match are checked once the answer is known not to be a 304, and a
-refusal then replaces the answer.
+refusal then replaces the answer; such requests count, 304s included, against a larger
+allowance of their own (API_THROTTLE_CONDITIONAL), so that replaying a current tag is not an
+unlimited way to make the portal run queries.
 
 Tags compare weakly (RFC 9110 8.8.3.2): nginx's gzip turns a strong tag weak on the way out,
 and the client sends back what it got."""
@@ -19,6 +21,8 @@ from django.utils.http import parse_etags, quote_etag
 from rest_framework import status
 from rest_framework.exceptions import Throttled
 from rest_framework.response import Response
+
+from portal.core.throttles import ConditionalThrottle
 
 SAFE = ("GET", "HEAD")
 
@@ -33,11 +37,12 @@ def etag_of(*parts: object) -> str:
 
 
 def matches(request, etag: str) -> bool:
+    """Whether If-None-Match names this tag. `*` is not honoured: on a GET it would make any
+    answer a 304 that the user throttle does not count."""
     wanted = request.headers.get("If-None-Match", "")
     if not wanted:
         return False
-    tags = parse_etags(wanted)
-    return "*" in tags or etag.removeprefix("W/") in {tag.removeprefix("W/") for tag in tags}
+    return etag.removeprefix("W/") in {tag.removeprefix("W/") for tag in parse_etags(wanted)}
 
 
 class ConditionalGet:
@@ -48,6 +53,10 @@ class ConditionalGet:
 
     def check_throttles(self, request):
         if request.method in SAFE and "If-None-Match" in request.headers:
+            # Counted at once by their own, larger allowance; by the user's only if not a 304.
+            conditional = ConditionalThrottle()
+            if not conditional.allow_request(request, self):
+                self.throttled(request, conditional.wait())
             self._throttles_deferred = True
             return
         super().check_throttles(request)

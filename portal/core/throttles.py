@@ -95,7 +95,10 @@ class _CounterThrottle(BaseThrottle):
         ident = self.ident(request)
         if ident is None:
             return True
-        allowed, window_s = SimpleRateThrottle.parse_rate(None, settings.API_THROTTLE_RATES[self.scope])
+        rate = settings.API_THROTTLE_RATES.get(self.scope)
+        if rate is None:  # a site that names no rate for this scope does not limit it
+            return True
+        allowed, window_s = SimpleRateThrottle.parse_rate(None, rate)
         now = time.time()
         window = int(now // window_s)
         self._wait = (window + 1) * window_s - now
@@ -119,6 +122,14 @@ class UserThrottle(_CounterThrottle):
 
     def ident(self, request) -> str | None:
         return str(request.user.pk) if request.user and request.user.is_authenticated else None
+
+
+class ConditionalThrottle(UserThrottle):
+    """Requests that carry If-None-Match (portal/core/conditional.py), 304s included, per user:
+    a larger allowance than the user throttle's, which counts only those that get a full answer,
+    so that replaying a current tag is not an unlimited way to make the portal run queries."""
+
+    scope = "conditional"
 
 
 class AnonThrottle(_CounterThrottle):

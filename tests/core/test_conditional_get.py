@@ -68,3 +68,20 @@ def test_the_tag_differs_between_a_viewer_and_the_submitter_who_sees_more(client
     assert (
         client_for(viewer).get(f"/api/v1/jobs/{job.pk}/", HTTP_IF_NONE_MATCH=mine["ETag"]).status_code == 200
     )
+
+
+def test_if_none_match_star_is_a_full_answer_and_conditional_gets_have_their_own_allowance(
+    client_for, member, job
+):
+    """`*` would make any answer a 304 the user throttle does not count: it is not honoured. And
+    replaying a current tag is bounded by the larger allowance of conditional GETs."""
+    client = client_for(member)
+    url = f"/api/v1/jobs/{job.pk}/"
+    rates = {"user": "2/min", "anon": "100/min", "token": "100/min", "conditional": "5/min"}
+    with override_settings(API_THROTTLE_RATES=rates):
+        etag = client.get(url)["ETag"]  # user 1
+        assert client.get(url, HTTP_IF_NONE_MATCH="*").status_code == 200  # user 2, conditional 1
+        assert_problem(client.get(url, HTTP_IF_NONE_MATCH="*"), 429, "throttled")  # user 3: refused
+        for _ in range(3):  # conditional 3, 4, 5: uncounted 304s
+            assert client.get(url, HTTP_IF_NONE_MATCH=etag).status_code == 304
+        assert_problem(client.get(url, HTTP_IF_NONE_MATCH=etag), 429, "throttled")  # conditional 6

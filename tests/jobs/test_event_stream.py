@@ -140,3 +140,18 @@ def test_the_wsgi_fallback_sends_the_same_frames(client_for, make_job, member, o
         )
         assert b"event: job" not in quiet
     assert_problem(client_for(outsider).get(f"/api/v1/jobs/{job.pk}/log/stream/"), 404, "not_found")
+
+
+def test_a_tenant_in_an_impossible_form_is_404_and_streams_are_counted_per_user(client_for, member):
+    """Both kinds of stream count toward one limit, under WSGI too; a stream that ends gives its
+    slot back."""
+    client = client_for(member)
+    assert_problem(client.get("/api/v1/events/stream/?tenant=a%00b"), 404, "not_found")
+    with override_settings(EVENTS_MAX_STREAMS_PER_USER=1, EVENTS_STREAM_MAX_S=1):
+        first = client.get("/api/v1/events/stream/")
+        assert first.status_code == 200
+        assert_problem(client.get("/api/v1/events/stream/"), 429, "throttled")
+        first.close()  # what the server does when the client leaves
+        second = client.get("/api/v1/events/stream/")
+        assert second.status_code == 200
+        second.close()

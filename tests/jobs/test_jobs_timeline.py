@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from clusters.backends.base import JobStatus
-from jobs.models import Job, JobState
+from jobs.models import Job, JobEvent, JobState
 from jobs.services.finish import jobs_finish
 from jobs.services.poll import jobs_apply_statuses
 from tests.factories import ClusterFactory, PartitionFactory
@@ -26,6 +26,7 @@ def pending(catalog, settings, tmp_path, client_for, member, grant):
     job_id = api_submit(client_for(member), walltime_minutes=60)["id"]
     submitted = timezone.now() - timedelta(minutes=10)
     Job.objects.filter(pk=job_id).update(state=JobState.PENDING, backend_id="local-1", submitted_at=submitted)
+    JobEvent.objects.filter(job_id=job_id).update(at=submitted - timedelta(seconds=1))  # its QUEUED event
     return Job.objects.get(pk=job_id)
 
 
@@ -73,6 +74,9 @@ def test_reported_times_stay_in_order_when_the_schedulers_clock_runs_behind(pend
     events = timeline(pending.pk)
     assert events[-2][:2] == ("RUNNING", pending.submitted_at)
     assert pending.submitted_at <= events[-1][1] <= timezone.now()
+    job = Job.objects.get(pk=pending.pk)  # the row says what the events say: no end in the future
+    assert (job.started_at, job.finished_at) == (events[-2][1], events[-1][1])
+    assert job.gpu_hours < 1  # charged from the submission to now, not an hour ahead
 
 
 def test_a_short_local_job_shows_running_even_when_no_poll_saw_it(
@@ -92,3 +96,24 @@ def test_a_short_local_job_shows_running_even_when_no_poll_saw_it(
     events = client.get(f"/api/v1/jobs/{job['id']}/events/").json()
     assert [e["to_state"] for e in events] == ["QUEUED", "SUBMITTING", "PENDING", "RUNNING", "COMPLETED"]
     assert events[3]["at"] == done["started_at"] and events[4]["at"] == done["finished_at"]
+
+
+def test_a_requeued_jobs_unseen_restart_comes_after_the_requeue(pending):
+    """RUNNING (seen), PENDING (requeued), then restarted and ended between two polls: the second
+    RUNNING is at the restart the scheduler reports, after the requeue, not at the first start."""
+    first = pending.submitted_at + timedelta(minutes=1)
+    jobs_apply_statuses({pending.pk: JobStatus("local-1", JobState.RUNNING, "RUNNING", started_at=first)})
+    jobs_apply_statuses({pending.pk: JobStatus("local-1", JobState.PENDING, "PENDING", reason="BeginTime")})
+    requeued_at = first + timedelta(minutes=2)
+    JobEvent.objects.filter(job_id=pending.pk, to_state=JobState.PENDING, from_state=JobState.RUNNING).update(
+        at=requeued_at
+    )
+    restart, ended = first + timedelta(minutes=5), first + timedelta(minutes=6)
+    status = JobStatus(
+        "local-1", JobState.COMPLETED, "COMPLETED", exit_code=0, started_at=restart, finished_at=ended
+    )
+    jobs_finish({pending.pk: status})
+    events = timeline(pending.pk)
+    assert [e[0] for e in events][-4:] == ["RUNNING", "PENDING", "RUNNING", "COMPLETED"]
+    assert (events[-3][1], events[-2][1], events[-1][1]) == (requeued_at, restart, ended)
+    assert Job.objects.get(pk=pending.pk).started_at == first  # the job's first start is kept

@@ -17,6 +17,7 @@ from django.utils import timezone
 from jobs.models import Job, JobState
 from jobs.services.common import job_move
 from tests.api_support import assert_problem
+from tests.factories import TenantFactory
 from tests.http_support import loopback_server
 from webhooks import services
 from webhooks.models import AllowedRange, Delivery, DeliveryStatus, Endpoint
@@ -133,6 +134,14 @@ def test_who_may_see_and_keep_endpoints(
         ("https://[::ffff:127.0.0.1]/hook", "loopback"),  # IPv4 in IPv6
         ("https://100.100.100.200/", "reserved"),  # Alibaba Cloud's metadata, in the shared range
         ("https://0.0.0.0/hook", "reserved"),
+        ("https://[::7f00:1]/hook", "loopback"),  # IPv4-compatible 127.0.0.1
+        ("https://[64:ff9b::a9fe:a9fe]/", "link-local"),  # NAT64 to 169.254.169.254
+        ("https://[::ffff:0:a00:1]/", "private"),  # IPv4-translated 10.0.0.1
+        ("https://[2002:7f00:1::1]/", "loopback"),  # 6to4 of 127.0.0.1
+        ("https://[fec0::1]/", "reserved"),  # IPv6 site-local
+        ("https://224.0.0.1/", "multicast"),
+        ("https://192.0.0.8/", "reserved"),  # IANA special purpose, global by Python 3.11's count
+        ("https://bücher.invalid/hook", "does not resolve"),  # a non-ASCII name: refused, not a 500
         ("ftp://example.org/hook", "https"),
         ("https://user:pw@example.org/hook", "user or password"),
         ("not a url", "https"),
@@ -149,7 +158,11 @@ def test_an_address_of_the_portals_own_network_is_refused_naming_the_url(client_
         "/api/v1/tenants/protein-lab/webhooks/", {"url": url, "events": ["grant.ended"]}
     )
     body = assert_problem(made, 400, "invalid")
-    assert list(body["errors"]) == ["url"] and why in body["errors"]["url"][0]
+    assert list(body["errors"]) == ["url"]
+    message = body["errors"]["url"][0]
+    assert why in message or (
+        why in ("loopback", "private", "link-local", "reserved", "multicast") and "address" in message
+    )
     assert not Endpoint.objects.exists()
 
 
@@ -172,8 +185,13 @@ def test_a_job_state_change_is_posted_signed(client_for, owner, member, make_job
         "at": None, "exit_code": None,
     }  # fmt: skip
     assert request.headers["X-Portal-Event"] == "job.state_changed"
+    assert body["event_id"] == f"job_event:{job.events.latest('id').pk}"  # the same in every delivery of it
     # a second scan makes nothing more, and another tenant's events go to no one of this tenant
     assert services.events_scan() == 0
+    others = make_job(member)
+    Job.objects.filter(pk=others.pk).update(tenant=TenantFactory(slug="another-team"))
+    moved(Job.objects.get(pk=others.pk), JobState.SUBMITTING)
+    assert services.events_scan() == 0 and len(received["requests"]) == 1
 
 
 def test_a_failing_receiver_is_retried_with_backoff_then_a_day_disables_it_and_mails(
@@ -379,3 +397,45 @@ def test_a_grant_ending_soon_is_delivered(client_for, owner, grant, loopback_all
         "id": None, "ends_on": grant.ends_on.isoformat(), "days_left": 3,
         "scenario": grant.scenario.slug, "gpu_model": grant.gpu_model.slug,
     }  # fmt: skip
+
+
+def test_a_urls_query_is_never_shown_back(client_for, owner, web, loopback_allowed, received):
+    made = (
+        client_for(owner)
+        .post(
+            "/api/v1/tenants/protein-lab/webhooks/",
+            {"url": f"http://{received['address']}/hook?key=SUPERSECRET", "events": ["grant.ended"]},
+        )
+        .json()
+    )
+    assert made["url"] == f"http://{received['address']}/hook"
+    assert (
+        "SUPERSECRET" not in client_for(owner).get("/api/v1/tenants/protein-lab/webhooks/").content.decode()
+    )
+    page = web(owner).get("/t/protein-lab/webhooks/").content.decode()
+    assert (
+        f"http://{received['address']}/hook" in page
+        and "SUPERSECRET" not in page
+        and made["secret"] not in page
+    )
+
+
+def test_two_failures_at_once_disable_once_and_mail_once(
+    client_for, owner, loopback_allowed, received, mailoutbox, django_capture_on_commit_callbacks
+):
+    """Each failing delivery read the endpoint before the other disabled it."""
+    made = make_endpoint(client_for(owner), received["address"])
+    long_ago = timezone.now() - timedelta(days=2)
+    Endpoint.objects.filter(pk=made["id"]).update(failing_since=long_ago)
+    first, second = Endpoint.objects.get(pk=made["id"]), Endpoint.objects.get(pk=made["id"])
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.endpoint_failed(first, timezone.now()) is False
+        assert services.endpoint_failed(second, timezone.now()) is False
+    assert len(mailoutbox) == 1
+    from portal.core.models import AuditEvent
+
+    assert AuditEvent.objects.filter(action="webhook.disable").count() == 1
+    # re-enabled meanwhile: a failure read before that does not disable it again
+    Endpoint.objects.filter(pk=made["id"]).update(enabled=True, failing_since=None, disabled_reason="")
+    assert services.endpoint_failed(second, timezone.now()) is True
+    assert Endpoint.objects.get(pk=made["id"]).enabled
