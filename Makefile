@@ -61,7 +61,7 @@ format: $(STAMP)
 
 messages: $(STAMP)
 	$(VENV)/bin/python manage.py makemessages -l zh_Hans --ignore=var --ignore=artifacts --ignore=tests \
-		--ignore=bench --ignore=scripts --ignore=$(VENV) --ignore='*.egg-info'
+		--ignore=bench --ignore=scripts --ignore=cli --ignore=$(VENV) --ignore='*.egg-info'
 
 schema: $(STAMP)
 	$(VENV)/bin/python manage.py spectacular --validate --fail-on-warn --file var/openapi.yaml

@@ -138,8 +138,8 @@ def slurm_headroom(backend, jobs: int) -> None:
         time.sleep(15)
 
 
-def fresh_database() -> None:
-    name = DB_URL.rsplit("/", 1)[1]
+def fresh_database(url: str = DB_URL) -> None:
+    name = url.rsplit("/", 1)[1]
     if not name.replace("_", "").isalnum():
         raise SystemExit(f"database name {name!r}: letters, digits and _ only")
     for sql in (f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", f"CREATE DATABASE {name}"):

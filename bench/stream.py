@@ -33,7 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.procs import stop_all  # noqa: E402 - once ROOT is on the path
+from bench.dispatch import fresh_database  # noqa: E402 - once ROOT is on the path (it sets its own env first)
+from bench.procs import stop_all  # noqa: E402
 from bench.rss import rss_mb  # noqa: E402
 
 DB_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/portal_bench_stream")
@@ -52,7 +53,7 @@ CONNECT_TIMEOUT_S = 120  # every bound of a wait below
 def setup(watchers: int):
     import django
 
-    fresh_database()
+    fresh_database(DB_URL)
     django.setup()
     from django.core.management import call_command
 
@@ -70,16 +71,6 @@ def setup(watchers: int):
         membership_add(actor=None, tenant=tenant, user=user, role=Role.MEMBER)
         keys.append(token_create(user=user)[1])
     return tenant, keys
-
-
-def fresh_database() -> None:
-    name = DB_URL.rsplit("/", 1)[1]
-    if not name.replace("_", "").isalnum():
-        raise SystemExit(f"database name {name!r}: letters, digits and _ only")
-    for sql in (f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", f"CREATE DATABASE {name}"):
-        subprocess.run(
-            ["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", sql], check=True, capture_output=True
-        )
 
 
 def a_job(tenant):

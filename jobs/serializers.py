@@ -237,9 +237,13 @@ def job_row(job: Job, serializer_class: type[JobOut] = JobOut) -> dict:
 
 
 class JobEventOut(serializers.ModelSerializer):
+    # The event stream's id of the same event (docs/api.md, Live events): a client that read the
+    # history here resumes the stream from its last one with Last-Event-ID.
+    id = serializers.CharField(read_only=True)
+
     class Meta:
         model = JobEvent
-        fields = ["at", "from_state", "to_state", "reason", "raw_state"]
+        fields = ["id", "at", "from_state", "to_state", "reason", "raw_state"]
 
 
 class JobGpuSampleOut(serializers.ModelSerializer):

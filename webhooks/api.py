@@ -11,8 +11,7 @@ from portal.core.parsing import parsed
 from portal.core.serializers import ID_LOOKUP
 from tenants import roles
 from tenants.models import Tenant
-from tenants.permissions import require
-from tenants.selectors import tenants_visible_to
+from tenants.permissions import tenant_requiring
 from webhooks import services
 from webhooks.models import Delivery, Endpoint
 from webhooks.serializers import (
@@ -34,10 +33,9 @@ class _TenantWebhooks(viewsets.GenericViewSet):
 
     def tenant(self) -> Tenant:
         if not hasattr(self, "_tenant"):
-            self._tenant = get_object_or_404(
-                tenants_visible_to(user=self.request.user), slug=self.kwargs["tenant_slug"]
+            self._tenant = tenant_requiring(
+                self.request.user, self.kwargs["tenant_slug"], roles.MANAGE_MEMBERS
             )
-            require(self.request.user, self._tenant, roles.MANAGE_MEMBERS)
         return self._tenant
 
     def get_queryset(self):
