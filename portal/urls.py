@@ -42,6 +42,7 @@ register_converter(converters.SlugConverter, "tslug")
 register_converter(converters.UsernameConverter, "username")
 register_converter(converters.Base64IdConverter, "uidb64")
 register_converter(converters.ResetTokenConverter, "reset_token")
+register_converter(converters.WebhookActionConverter, "webhook_action")
 
 # The researcher portal's pages: everything of a tenant lives under /t/<slug>/.
 pages = [
@@ -63,7 +64,7 @@ pages = [
     path("t/<tslug:slug>/clusters/", tenants_views.clusters, name="clusters"),
     path("t/<tslug:slug>/webhooks/", webhooks_views.webhooks, name="webhooks"),
     path(
-        "t/<tslug:slug>/webhooks/<id:endpoint_id>/<str:action>/",
+        "t/<tslug:slug>/webhooks/<id:endpoint_id>/<webhook_action:action>/",
         webhooks_views.endpoint_action,
         name="webhook-action",
     ),

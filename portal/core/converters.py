@@ -47,3 +47,9 @@ class ResetTokenConverter(UsernameConverter):
     """A password reset token (base-36 time, a hyphen, the digest; or Django's "set-password")."""
 
     regex = r"[0-9A-Za-z]{1,13}-[0-9A-Za-z]{1,64}"
+
+
+class WebhookActionConverter(UsernameConverter):
+    """What the webhooks page's buttons ask of an endpoint: any other word is no page (404)."""
+
+    regex = r"enable|disable|delete|ping"

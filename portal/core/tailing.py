@@ -12,7 +12,7 @@ import time
 from django.conf import settings
 from django.db.models import Q
 
-MAX_GAPS = 1000  # a larger jump (a rolled-back bulk insert) is not waited on
+MAX_GAPS = 1000  # ids waited for below a new highest one, at most
 
 
 class IdTail:
@@ -32,6 +32,7 @@ class IdTail:
         for pk in ids:
             self.gaps.pop(pk, None)
             if pk > self.position:
-                if pk - self.position - 1 <= MAX_GAPS:
-                    self.gaps.update(dict.fromkeys(range(self.position + 1, pk), now))
+                # the ids just below are the ones likely still in flight; of a larger jump (a
+                # reader's first position below a sequence that ran on) only the last MAX_GAPS
+                self.gaps.update(dict.fromkeys(range(max(self.position + 1, pk - MAX_GAPS), pk), now))
                 self.position = pk

@@ -17,7 +17,7 @@ from portal.envvars import READ
 from tests.conftest import ROOT
 
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-PORTAL_SERVICES = ["web", "worker", "beat"]
+PORTAL_SERVICES = ["web", "stream", "worker", "beat"]
 MONITORING_SERVICES = ["prometheus", "alertmanager", "grafana"]
 WEB_ENV = COMPOSE["services"]["web"]["environment"]  # the shared portal environment merged in
 

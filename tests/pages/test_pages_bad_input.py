@@ -10,6 +10,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from portal.core.tokens import token_create
 from tests.factories import QuotaRequestFactory
+from webhooks.models import Delivery, Endpoint
 
 pytestmark = pytest.mark.django_db
 
@@ -64,7 +65,16 @@ def world(admin_user, tenant, member, make_job, catalog):
         tenant=tenant, pair=catalog, gpus=1, gpu_hours=10, requested_by=member, days=0, justification="x"
     )
     token, _ = token_create(user=admin_user, name="probe")
+    endpoint = Endpoint.objects.create(
+        tenant=tenant, url="https://hooks.example.org/x", secret="s", events=["ping"]
+    )
+    delivery = Delivery.objects.create(
+        endpoint=endpoint, event_type="ping", event_key="ping:probe", payload={}
+    )
     return {
+        "endpoint_id": str(endpoint.pk),
+        "delivery_id": str(delivery.pk),
+        "action": "disable",
         "slug": tenant.slug,
         "token_id": str(token.pk),
         "job_id": str(job.pk),
