@@ -1,5 +1,5 @@
 """Django's ModelBackend without passwords: users' and groups' permissions as before, while the
-portal's own passwords are off (LOCAL_LOGIN=false, portal/settings.py)."""
+portal's own passwords are off (LOCAL_LOGIN=false, portal/settings/identity.py)."""
 
 from django.contrib.auth.backends import ModelBackend
 

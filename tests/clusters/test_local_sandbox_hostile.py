@@ -141,7 +141,7 @@ def test_a_hostile_job_reaches_nothing_of_the_portal_nor_of_another_tenant(backe
     planted.write_text("the portal's database")
     key_file = settings.VAR_DIR / "secret_key"
     key = key_file.read_text().strip()
-    settings_text = (settings.BASE_DIR / "portal" / "settings.py").read_text()
+    settings_text = (settings.BASE_DIR / "portal" / "settings" / "base.py").read_text()
     broker = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15"))
     try:
         script = hostile_script(

@@ -1,4 +1,4 @@
-"""portal/settings.py and its strict environment readers."""
+"""portal/settings/ and its strict environment readers."""
 
 import os
 import subprocess
