@@ -65,8 +65,8 @@ def all_messages() -> dict[tuple[str, str | None], str]:
     import click
 
     found: dict[tuple[str, str | None], str] = {}
-    for path in sorted(PACKAGE.glob("*.py")):
-        found.update(messages_of(path, f"gpuportal/{path.name}"))
+    for path in sorted(PACKAGE.rglob("*.py")):
+        found.update(messages_of(path, f"gpuportal/{path.relative_to(PACKAGE).as_posix()}"))
     click_dir = Path(click.__file__).parent
     found.update(CLICK_INDIRECT)
     for name in CLICK_MODULES:

@@ -1,270 +1,50 @@
 """A small typed client of the portal's REST API (docs/api.md), on httpx.
 
-One `Client`, one method per endpoint. Answers are the API's JSON objects, typed with TypedDicts
-(so that `--json` prints them as the API gave them); every refusal is one `ApiError` built from
-the problem+json body, and a network failure is one too (status 0). Requests go to the
+One `Client`, one method per endpoint. Answers are the API's JSON objects, typed in answers.py;
+every refusal is one `ApiError` (errors.py) built from the problem+json body, and a network
+failure is one too (status 0); the streams are read by sse.py. Requests go to the
 configured portal only: no redirects are followed, no proxy or netrc from the environment is
 used, and a pagination link to another origin is refused. Every request has a timeout.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import ssl
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
 from gpuportal import __version__
-from gpuportal.i18n import CHINESE, LANGUAGE, _
-
-END_STATES = frozenset(
-    {
-        "COMPLETED",
-        "FAILED",
-        "CANCELLED",
-        "TIMEOUT",
-        "NODE_FAIL",
-        "OUT_OF_MEMORY",
-        "PREEMPTED",
-        "REJECTED",
-        "LOST",
-    }
+from gpuportal.answers import (
+    Advice,
+    GroupBy,
+    Job,
+    JobEvent,
+    Log,
+    Me,
+    Quota,
+    Scenario,
+    Template,
+    Tenant,
+    TokenCreated,
+    Usage,
 )
-JOB_STATES = ("QUEUED", "SUBMITTING", "PENDING", "RUNNING", "CANCELLING", *sorted(END_STATES))
+from gpuportal.errors import ApiError, network_error
+from gpuportal.i18n import CHINESE, LANGUAGE, _
+from gpuportal.sse import StreamEvent, parse_sse
+
 DEFAULT_TIMEOUT_S = 30.0
 STREAM_READ_TIMEOUT_S = 60.0  # the streams send a comment after 15 s of silence
 DEFAULT_PAGE_SIZE = 50  # the API's, unless the site changed API_PAGE_SIZE
 MAX_PAGES = 500  # a list is followed through at most this many `next` links
 RETRIES = 2  # a 429 or an overload 503 that names a short Retry-After is retried this often
 RETRY_AFTER_MAX_S = 10
-
-
-# --- Answers (docs/api.md) ---------------------------------------------------------------------
-
-
-class Problem(TypedDict):
-    type: str
-    title: str
-    status: int
-    detail: str
-    code: str
-    errors: NotRequired[dict[str, list[str]]]
-    retry_after_s: NotRequired[int]
-
-
-class TokenCreated(TypedDict):
-    id: str
-    name: str
-    token: str
-    scope: str
-    created: str
-    expires: str
-
-
-class MeTenant(TypedDict):
-    slug: str
-    name: str
-    role: str
-
-
-class Me(TypedDict):
-    username: str
-    email: str
-    is_staff: bool
-    platform_admin: bool
-    staff_roles: list[str]
-    tenants: list[MeTenant]
-
-
-class Tenant(TypedDict):
-    slug: str
-    name: str
-    tier: str
-    state: str
-    contact_email: str
-    created: str
-
-
-class Quota(TypedDict):
-    id: str
-    tenant: str
-    scenario: str
-    gpu_model: str
-    gpus: int
-    gpus_in_use: int
-    gpu_hours: float
-    gpu_hours_used: float
-    gpu_hours_reserved: float
-    gpu_hours_remaining: float
-    starts_on: str
-    ends_on: str
-    active: bool
-
-
-class ScenarioGpu(TypedDict):
-    gpu_model: str
-    rank: int
-    reason: str
-
-
-class Scenario(TypedDict):
-    slug: str
-    name: str
-    description: str
-    default_walltime_minutes: int
-    env: dict[str, str]
-    gpu_models: list[ScenarioGpu]
-    advisor: str
-
-
-class AdviceOption(TypedDict):
-    gpu_model: str
-    gpus: int
-    nodes: int
-    gpu_hours: float
-    arithmetic: list[str]
-
-
-class Advice(TypedDict):
-    assumptions: list[str]
-    options: list[AdviceOption]
-
-
-class Template(TypedDict):
-    slug: str
-    scenario: str
-    name: str
-    description: str
-    parameters_schema: dict[str, Any]
-
-
-class Job(TypedDict):
-    id: str
-    tenant: str
-    name: str
-    scenario: str
-    gpu_model: str
-    gpus: int
-    nodes: int
-    walltime_minutes: int
-    priority: str
-    state: str
-    reason: str
-    cluster: str
-    partition: str
-    backend_id: str
-    submitted_by: str | None
-    created: str
-    started_at: str | None
-    finished_at: str | None
-    exit_code: int | None
-    gpu_hours: float | None
-    gpu_hours_reserved: float
-    # GET /jobs/{id}/ for the submitter, owners and managers only:
-    raw_state: NotRequired[str]
-    node_list: NotRequired[str]
-    template: NotRequired[str]
-    parameters: NotRequired[dict[str, Any]]
-    env: NotRequired[dict[str, str]]
-    script: NotRequired[str]
-
-
-class JobEvent(TypedDict):
-    at: str
-    from_state: str
-    to_state: str
-    reason: str
-    raw_state: str
-
-
-class Log(TypedDict):
-    lines: list[str]
-    truncated: bool
-
-
-class UsageRow(TypedDict):
-    key: str
-    gpu_hours: float
-
-
-class Usage(TypedDict):
-    results: list[UsageRow]
-
-
-GroupBy = Literal["day", "user", "gpu_model"]
-
-
-@dataclass
-class StreamEvent:
-    """One Server-Sent Event: its type, id (None when it has none) and JSON data."""
-
-    event: str
-    id: str | None
-    data: dict[str, Any]
-
-
-# --- Errors --------------------------------------------------------------------------------------
-
-
-class ApiError(Exception):
-    """A refusal of the API (problem+json), or no answer at all (status 0)."""
-
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        detail: str,
-        errors: dict[str, list[str]] | None = None,
-        problem: dict[str, Any] | None = None,
-    ):
-        self.status = status
-        self.code = code
-        self.detail = detail
-        self.errors = errors or {}
-        self.problem = problem or {}
-        super().__init__(f"{status} {code}: {detail}")
-
-    @classmethod
-    def of(cls, response: httpx.Response) -> ApiError:
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        if isinstance(body, dict) and isinstance(body.get("code"), str):
-            errors = body.get("errors") if isinstance(body.get("errors"), dict) else {}
-            return cls(response.status_code, body["code"], str(body.get("detail", "")), errors, body)
-        # Not the portal's problem+json: a proxy's page, say. Only the status is worth saying.
-        return cls(
-            response.status_code,
-            f"http_{response.status_code}",
-            _("The server answered HTTP {status} {reason}, not the portal's JSON.").format(
-                status=response.status_code, reason=response.reason_phrase
-            ),
-        )
-
-
-def _network_error(url: str, exc: httpx.HTTPError, secret: str | None) -> ApiError:
-    """No answer: a timeout, or the connection failed. The error's own text names the cause (a
-    refused connection, a name that does not resolve) but may quote a header: the token is
-    cut out of it, and a protocol error is only named."""
-    if isinstance(exc, httpx.TimeoutException):
-        return ApiError(
-            0,
-            "timeout",
-            _("No answer from {url} in time ({error}).").format(url=url, error=type(exc).__name__),
-        )
-    error = type(exc).__name__ if isinstance(exc, httpx.ProtocolError) else str(exc) or type(exc).__name__
-    if secret:
-        error = error.replace(secret, "***")
-    return ApiError(0, "unreachable", _("Cannot reach {url}: {error}.").format(url=url, error=error))
-
 
 TOKEN_FORM = re.compile(r"^[\x21-\x7e]{1,512}\Z")  # printable ASCII, no space: what a header may carry
 
@@ -368,7 +148,7 @@ class Client:
             try:
                 response = self._http.request(method, url, params=params, json=body, headers=headers)
             except httpx.HTTPError as exc:
-                raise _network_error(self.url, exc, self.token) from None
+                raise network_error(self.url, exc, self.token) from None
             if 300 <= response.status_code < 400:
                 raise ApiError(
                     response.status_code,
@@ -552,7 +332,7 @@ class Client:
         try:
             response = self._http.send(request, stream=True)
         except httpx.HTTPError as exc:
-            raise _network_error(self.url, exc, self.token) from None
+            raise network_error(self.url, exc, self.token) from None
         try:
             if response.status_code >= 400:
                 response.read()
@@ -573,33 +353,4 @@ class Client:
         try:
             yield from parse_sse(response.iter_lines())
         except httpx.HTTPError as exc:
-            raise _network_error(self.url, exc, self.token) from None
-
-
-def parse_sse(lines: Iterator[str]) -> Iterator[StreamEvent]:
-    """Server-Sent Events from a body's lines (the WHATWG rules this API needs: `event`, `id`,
-    multi-line `data`, comments); an event whose data is not JSON is skipped, and each comment
-    (the server's keep-alive) is passed on as an event of type `comment`."""
-    event, event_id, data = "", None, []
-    for line in lines:
-        if line == "":
-            if data:
-                try:
-                    payload = json.loads("\n".join(data))
-                except ValueError:
-                    payload = None
-                if isinstance(payload, dict):
-                    yield StreamEvent(event or "message", event_id, payload)
-            event, event_id, data = "", None, []
-            continue
-        if line.startswith(":"):
-            yield StreamEvent("comment", None, {})  # a keep-alive: the reader may look at its clock
-            continue
-        name, _sep, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "event":
-            event = value
-        elif name == "data":
-            data.append(value)
-        elif name == "id" and "\0" not in value:
-            event_id = value
+            raise network_error(self.url, exc, self.token) from None

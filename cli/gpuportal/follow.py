@@ -13,7 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuportal.client import END_STATES, ApiError, Client, Job, StreamEvent
+from gpuportal.answers import END_STATES, Job
+from gpuportal.client import Client
+from gpuportal.errors import ApiError
+from gpuportal.sse import StreamEvent
 
 RETRY_S = 2.0
 LOG_WINDOW = 200  # the log stream's first event holds the log's last 200 lines

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from gpuportal.client import ApiError
+from gpuportal.errors import ApiError
 from gpuportal.i18n import _
 
 STATE_STYLES = {
@@ -105,7 +105,7 @@ def yes_no(value: bool | None) -> str:
 def state_text(state: str):
     from rich.text import Text
 
-    from gpuportal.client import END_STATES
+    from gpuportal.answers import END_STATES
 
     style = STATE_STYLES.get(state) or (FAILED_STYLE if state in END_STATES else "")
     return Text(state, style=style)

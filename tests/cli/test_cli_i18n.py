@@ -107,7 +107,7 @@ def test_the_wheel_carries_the_catalog_and_the_command(tmp_path):
         entry_points = archive.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
         metadata = archive.read(next(n for n in names if n.endswith("METADATA"))).decode()
     assert {"gpuportal/locale/zh_Hans/LC_MESSAGES/gpuportal.mo", "gpuportal/locale/zh_Hans/LC_MESSAGES/gpuportal.po",
-            "gpuportal/main.py", "gpuportal/client.py"} <= names  # fmt: skip
+            "gpuportal/main.py", "gpuportal/client.py", "gpuportal/commands/jobs.py"} <= names  # fmt: skip
     assert "gpuportal = gpuportal.main:app" in entry_points
     for requirement in ("httpx~=0.29", "click~=8.5", "rich~=15.0", "PyYAML~=6.0", "platformdirs~=4.14"):
         assert f'Requires-Dist: {requirement}; extra == "cli"' in metadata

@@ -1,0 +1,1 @@
+"""The commands of `gpuportal`, one module per subject; each registers its commands on app.app."""
