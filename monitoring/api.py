@@ -3,7 +3,6 @@ monitoring). Views parse, check the caller's role, and call one selector or serv
 
 from django.conf import settings
 from django.http import Http404
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, mixins, status, viewsets
 from rest_framework.response import Response
@@ -24,9 +23,7 @@ from monitoring.serializers import (
 from monitoring.views import bearer_matches
 from portal.core.parsing import parsed
 from portal.core.serializers import ID_LOOKUP
-from tenants import roles
-from tenants.models import Tenant
-from tenants.permissions import tenant_requiring
+from tenants.viewsets import KeptByManagers
 
 
 class AlertViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -48,25 +45,14 @@ class AlertViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         return Response(AlertDetailOut(self.get_object()).data)
 
 
-class AlertChannelViewSet(viewsets.GenericViewSet):
+class AlertChannelViewSet(KeptByManagers):
     """A tenant's chat robots and webhooks: its owners and managers keep them."""
 
     queryset = AlertChannel.objects.none()
     serializer_class = AlertChannelOut
-    lookup_value_regex = ID_LOOKUP
-
-    def tenant(self) -> Tenant:
-        if not hasattr(self, "_tenant"):
-            self._tenant = tenant_requiring(
-                self.request.user, self.kwargs["tenant_slug"], roles.MANAGE_MEMBERS
-            )
-        return self._tenant
 
     def get_queryset(self):
         return channels_of(tenant=self.tenant())
-
-    def channel(self, pk: str) -> AlertChannel:
-        return get_object_or_404(self.get_queryset(), pk=int(pk))
 
     def list(self, request, tenant_slug=None):
         page = self.paginate_queryset(self.get_queryset())
@@ -80,11 +66,11 @@ class AlertChannelViewSet(viewsets.GenericViewSet):
         return Response(AlertChannelOut(channel).data, status=status.HTTP_201_CREATED)
 
     def retrieve(self, request, tenant_slug=None, pk=None):
-        return Response(AlertChannelOut(self.channel(pk)).data)
+        return Response(AlertChannelOut(self.one(pk)).data)
 
     @extend_schema(request=AlertChannelPatch, responses=AlertChannelOut)
     def partial_update(self, request, tenant_slug=None, pk=None):
-        channel = self.channel(pk)
+        channel = self.one(pk)
         serializer = AlertChannelPatch(channel, data=request.data, partial=True, context={"request": request})
         serializer.is_valid(raise_exception=True)
         channel = services.alert_channel_change(
@@ -94,7 +80,7 @@ class AlertChannelViewSet(viewsets.GenericViewSet):
 
     @extend_schema(responses={204: None})
     def destroy(self, request, tenant_slug=None, pk=None):
-        services.alert_channel_delete(actor=request.user, channel=self.channel(pk))
+        services.alert_channel_delete(actor=request.user, channel=self.one(pk))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

@@ -3,15 +3,12 @@
 
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
-from rest_framework import status, viewsets
+from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.core.parsing import parsed
-from portal.core.serializers import ID_LOOKUP
-from tenants import roles
-from tenants.models import Tenant
-from tenants.permissions import tenant_requiring
+from tenants.viewsets import KeptByManagers
 from webhooks import services
 from webhooks.models import Delivery, Endpoint
 from webhooks.serializers import (
@@ -24,25 +21,13 @@ from webhooks.serializers import (
 )
 
 
-class _TenantWebhooks(viewsets.GenericViewSet):
+class _TenantWebhooks(KeptByManagers):
     """A tenant's endpoints: its owners and managers keep them (another tenant's: 404 first)."""
 
     queryset = Endpoint.objects.none()
-    lookup_value_regex = ID_LOOKUP
-    schema_forbids_reads = True  # a viewer or member of the tenant: 403
-
-    def tenant(self) -> Tenant:
-        if not hasattr(self, "_tenant"):
-            self._tenant = tenant_requiring(
-                self.request.user, self.kwargs["tenant_slug"], roles.MANAGE_MEMBERS
-            )
-        return self._tenant
 
     def get_queryset(self):
         return Endpoint.objects.filter(tenant=self.tenant()).select_related("tenant")
-
-    def endpoint(self, pk: str) -> Endpoint:
-        return get_object_or_404(self.get_queryset(), pk=int(pk))
 
 
 class EndpointViewSet(_TenantWebhooks):
@@ -62,11 +47,11 @@ class EndpointViewSet(_TenantWebhooks):
         )
 
     def retrieve(self, request, tenant_slug=None, pk=None):
-        return Response(WebhookEndpointOut(self.endpoint(pk)).data)
+        return Response(WebhookEndpointOut(self.one(pk)).data)
 
     @extend_schema(request=WebhookEndpointPatch, responses={200: WebhookEndpointOut})
     def partial_update(self, request, tenant_slug=None, pk=None):
-        endpoint = self.endpoint(pk)
+        endpoint = self.one(pk)
         data = parsed(WebhookEndpointPatch, request)
         endpoint, secret = services.endpoint_change(actor=request.user, endpoint=endpoint, **data)
         answer = WebhookEndpointOut(endpoint).data
@@ -74,12 +59,12 @@ class EndpointViewSet(_TenantWebhooks):
 
     @extend_schema(responses={204: None})
     def destroy(self, request, tenant_slug=None, pk=None):
-        services.endpoint_delete(actor=request.user, endpoint=self.endpoint(pk))
+        services.endpoint_delete(actor=request.user, endpoint=self.one(pk))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=None, responses={202: WebhookDeliveryOut})
     def ping(self, request, tenant_slug=None, pk=None):
-        delivery = services.ping(actor=request.user, endpoint=self.endpoint(pk))
+        delivery = services.ping(actor=request.user, endpoint=self.one(pk))
         return Response(WebhookDeliveryOut(delivery).data, status=status.HTTP_202_ACCEPTED)
 
 
@@ -87,7 +72,7 @@ class DeliveryViewSet(_TenantWebhooks):
     serializer_class = WebhookDeliveryOut
 
     def deliveries(self, endpoint_pk: str):
-        return Delivery.objects.filter(endpoint=self.endpoint(endpoint_pk))
+        return Delivery.objects.filter(endpoint=self.one(endpoint_pk))
 
     def list(self, request, tenant_slug=None, endpoint_pk=None):
         page = self.paginate_queryset(self.deliveries(endpoint_pk))
