@@ -4,7 +4,6 @@ Playwright's own browser download cannot run here; Debian's chromium at /usr/bin
 Screenshots go under artifacts/ (ARTIFACTS_DIR), one per page a test visits."""
 
 import os
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -13,7 +12,6 @@ from pathlib import Path
 from django.db import connections
 from playwright.sync_api import Page, sync_playwright
 
-from jobs.tasks import poll_cluster
 from tests.factories import PASSWORD
 
 # Playwright's sync API runs an event loop in this thread; the ORM calls of a test happen
@@ -21,7 +19,6 @@ from tests.factories import PASSWORD
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 WAIT_MS = 30_000  # every wait on a page for a job's progress is bounded
-MAX_POLLS = 600  # and so is the stand-in for beat: five minutes at most
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(os.environ.get("ARTIFACTS_DIR", Path(__file__).resolve().parent.parent / "artifacts"))
@@ -73,27 +70,6 @@ def outside_the_browser(fn, *args, **kwargs):
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(run).result(timeout=60)
-
-
-@contextmanager
-def beat(cluster_id: int, every_s: float = 0.5) -> Iterator[None]:
-    """Stands in for Celery beat: asks the worker to poll the cluster while the page watches."""
-    stop = threading.Event()
-
-    def run() -> None:
-        for _ in range(MAX_POLLS):
-            if stop.is_set():
-                return
-            poll_cluster.delay(cluster_id=cluster_id).get(timeout=30)
-            stop.wait(every_s)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=35)
 
 
 def log_in(page: Page, base: str, username: str, *, lands_on: str = "/t/protein-lab/") -> None:

@@ -9,8 +9,6 @@ import select
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -190,26 +188,3 @@ def api_all(base: str, token: str, path: str, **params) -> list:
             items += page["results"]
             url = page["next"]
     return items
-
-
-@contextmanager
-def polling(cluster_id: int, interval_s: float = 0.5) -> Iterator[None]:
-    """Poll the cluster through the Celery worker every interval_s while the block runs, as beat
-    would (tests.jobs_support.follow does the same in a loop of its own)."""
-    from jobs.tasks import poll_cluster
-
-    stop = threading.Event()
-
-    def poll() -> None:
-        while not stop.is_set():
-            with suppress(Exception):  # a poll that failed: the next one tries again
-                poll_cluster.delay(cluster_id=cluster_id).get(timeout=60)
-            stop.wait(interval_s)
-
-    thread = threading.Thread(target=poll, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=70)

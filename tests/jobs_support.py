@@ -1,6 +1,9 @@
 """Jobs through the API in end-to-end tests: submit one, and follow it as beat would."""
 
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from jobs.models import Job
 from jobs.services import JobRequest, job_submit
@@ -41,3 +44,28 @@ def submit_admitted(user, request: JobRequest) -> Job:
     jobs_admit_marked(partition_id=job.partition_id)
     job.refresh_from_db()
     return job
+
+
+MAX_POLLS = 600  # the stand-in for beat asks five minutes at most
+
+
+@contextmanager
+def beat(cluster_id: int, every_s: float = 0.5) -> Iterator[None]:
+    """Stands in for Celery beat: asks the worker to poll the cluster every `every_s` while the
+    block runs (a page or a command watches), MAX_POLLS times at most."""
+    stop = threading.Event()
+
+    def run() -> None:
+        for _ in range(MAX_POLLS):
+            if stop.is_set():
+                return
+            poll_cluster.delay(cluster_id=cluster_id).get(timeout=30)
+            stop.wait(every_s)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=35)

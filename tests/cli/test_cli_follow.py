@@ -11,7 +11,8 @@ import pytest
 
 from jobs.models import Job
 from jobs.stream import latest_event_id
-from tests.cli_support import Reader, api_get, job_file, polling
+from tests.cli_support import Reader, api_get, job_file
+from tests.jobs_support import beat
 from tests.wait_support import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -24,7 +25,7 @@ SLEEPER = "#!/bin/bash\necho sleeping\nsleep 300\n"
 def test_logs_f_events_follow_and_cancel(member_cli, grant, local_partition, worker):
     cli = member_cli
     since = latest_event_id()
-    with polling(local_partition.cluster_id):
+    with beat(local_partition.cluster_id):
         started = time.monotonic()
         watcher = Reader(cli.start("events", "--follow", "--json", "--since", str(since), "--timeout", "16"))
         ids = {}

@@ -4,7 +4,8 @@ end and exits 0 when it COMPLETED, 1 when its script failed."""
 
 import pytest
 
-from tests.cli_support import Cli, Reader, job_file, polling
+from tests.cli_support import Cli, Reader, job_file
+from tests.jobs_support import beat
 from tests.slurm_support import GPU_MODEL, slurm_tenant
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,7 +31,7 @@ def test_submit_wait_exits_0_when_the_job_completed_and_1_when_it_failed(on_slur
     bad = job_file(
         cli.home, "bad.yaml", **on_testbed, name="bad", script="#!/bin/bash\necho failing\nexit 7\n"
     )
-    with polling(tenant.cluster.pk):
+    with beat(tenant.cluster.pk):
         waits = [
             Reader(cli.start("submit", "-f", str(path), "--wait", "--timeout", "90")) for path in (good, bad)
         ]

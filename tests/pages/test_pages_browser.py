@@ -11,7 +11,6 @@ from jobs.models import Job, JobEvent, JobState
 from tests.browser import (
     WAIT_MS,
     assert_same_document,
-    beat,
     browser_page,
     log_in,
     mark_document,
@@ -20,6 +19,7 @@ from tests.browser import (
 )
 from tests.factories import JobFactory
 from tests.jobs_support import api_submit as submit
+from tests.jobs_support import beat
 
 TODAY = timezone.localdate()
 

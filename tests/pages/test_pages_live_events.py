@@ -8,8 +8,9 @@ from playwright.sync_api import expect
 
 from jobs.models import Job, JobState
 from jobs.services.common import job_move
-from tests.browser import WAIT_MS, beat, browser_page, log_in, outside_the_browser, screenshot
+from tests.browser import WAIT_MS, browser_page, log_in, outside_the_browser, screenshot
 from tests.jobs_support import api_submit as submit
+from tests.jobs_support import beat
 
 POLLED = re.compile(r"/t/protein-lab/jobs/(\d+/live/|rows/)")
 

@@ -15,7 +15,6 @@ from tenants.models import QuotaGrant, QuotaRequest, RequestState
 from tests.browser import (
     WAIT_MS,
     assert_same_document,
-    beat,
     browser_page,
     log_in,
     mark_document,
@@ -23,6 +22,7 @@ from tests.browser import (
     screenshot,
 )
 from tests.factories import PASSWORD, JobFactory
+from tests.jobs_support import beat
 
 TODAY = timezone.localdate()
 
