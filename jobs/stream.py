@@ -229,7 +229,6 @@ def released(read):
 class Subscriber:
     watch: Watch
     queue: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(maxsize=settings.EVENTS_BACKLOG))
-    dropped: bool = False
 
 
 class Hub:
@@ -280,7 +279,6 @@ class Hub:
         try:
             subscriber.queue.put_nowait(row)
         except asyncio.QueueFull:
-            subscriber.dropped = True
             self.unsubscribe(subscriber)
             subscriber.queue.get_nowait()
             subscriber.queue.put_nowait(None)  # wakes the watcher to end its stream

@@ -2,26 +2,17 @@
 tenants); these answer 403 for a caller who sees the tenant but whose role lacks the action."""
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.shortcuts import get_object_or_404
 
 from portal.core.errors import Forbidden, Invalid, OutsideTokenScope
 from portal.core.staff import can_decide_quota, is_platform_admin, sees_all_tenants, staff_power_held_back
 from portal.core.throttles import Allowance
 from tenants.models import Tenant
-from tenants.selectors import active_user_named, tenant_perms, tenants_visible_to
+from tenants.selectors import active_user_named, tenant_perms
 
 
 def require(user: AbstractBaseUser, tenant: Tenant, perm: str) -> None:
     if perm not in tenant_perms(user=user, tenant=tenant):
         raise Forbidden(f"Your role in {tenant.slug} does not allow this.")
-
-
-def tenant_requiring(user: AbstractBaseUser, slug: str, perm: str) -> Tenant:
-    """The tenant of a path's slug for a caller who holds `perm` in it: 404 for a tenant the caller
-    cannot see (before anything else is read), then 403 for a role without it."""
-    tenant = get_object_or_404(tenants_visible_to(user=user), slug=slug)
-    require(user, tenant, perm)
-    return tenant
 
 
 def _require_staff(user: AbstractBaseUser, allowed: bool, message: str) -> None:

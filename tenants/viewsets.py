@@ -9,7 +9,8 @@ from rest_framework import viewsets
 from portal.core.serializers import ID_LOOKUP
 from tenants import roles
 from tenants.models import Tenant
-from tenants.permissions import tenant_requiring
+from tenants.permissions import require
+from tenants.selectors import tenants_visible_to
 
 
 class KeptByManagers(viewsets.GenericViewSet):
@@ -18,9 +19,9 @@ class KeptByManagers(viewsets.GenericViewSet):
 
     def tenant(self) -> Tenant:
         if not hasattr(self, "_tenant"):
-            self._tenant = tenant_requiring(
-                self.request.user, self.kwargs["tenant_slug"], roles.MANAGE_MEMBERS
-            )
+            user = self.request.user
+            self._tenant = get_object_or_404(tenants_visible_to(user=user), slug=self.kwargs["tenant_slug"])
+            require(user, self._tenant, roles.MANAGE_MEMBERS)
         return self._tenant
 
     def one(self, pk: str):

@@ -10,7 +10,8 @@ from rest_framework.views import APIView
 from portal.core.parsing import parsed
 from tenants.viewsets import KeptByManagers
 from webhooks import services
-from webhooks.models import Delivery, Endpoint
+from webhooks.models import Endpoint
+from webhooks.selectors import deliveries_of, endpoints_of, job_end_mail_of
 from webhooks.serializers import (
     NotificationsIO,
     WebhookDeliveryOut,
@@ -27,7 +28,7 @@ class _TenantWebhooks(KeptByManagers):
     queryset = Endpoint.objects.none()
 
     def get_queryset(self):
-        return Endpoint.objects.filter(tenant=self.tenant()).select_related("tenant")
+        return endpoints_of(tenant=self.tenant())
 
 
 class EndpointViewSet(_TenantWebhooks):
@@ -72,7 +73,7 @@ class DeliveryViewSet(_TenantWebhooks):
     serializer_class = WebhookDeliveryOut
 
     def deliveries(self, endpoint_pk: str):
-        return Delivery.objects.filter(endpoint=self.one(endpoint_pk))
+        return deliveries_of(endpoint=self.one(endpoint_pk))
 
     def list(self, request, tenant_slug=None, endpoint_pk=None):
         page = self.paginate_queryset(self.deliveries(endpoint_pk))
@@ -90,7 +91,7 @@ class Notifications(APIView):
 
     @extend_schema(responses=NotificationsIO)
     def get(self, request):
-        return Response({"job_end_mail": services.job_end_mail_of(request.user)})
+        return Response({"job_end_mail": job_end_mail_of(request.user)})
 
     @extend_schema(request=NotificationsIO, responses=NotificationsIO)
     def put(self, request):

@@ -22,7 +22,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from jobs.models import JobEvent
+from jobs.models import Job, JobEvent
 from jobs.services.common import send_after_commit
 from jobs.states import END_STATES
 from portal.core.errors import Invalid
@@ -185,7 +185,7 @@ def ping(*, actor, endpoint: Endpoint) -> Delivery:
         delivery = Delivery.objects.create(
             endpoint=endpoint, event_type=EventType.PING, event_key=key,
             payload=_envelope(EventType.PING, key, endpoint.tenant.slug, {"endpoint": str(endpoint.pk)}),
-            redelivery_of=None, next_attempt_at=timezone.now(),
+            next_attempt_at=timezone.now(),
         )  # fmt: skip
         send_after_commit(DELIVER_TASK, delivery_id=delivery.pk)
     return delivery
@@ -365,8 +365,6 @@ def events_scan() -> int:
 def _job_events(rows: list[JobEvent], endpoints: dict[int, list[Endpoint]]) -> int:
     if not rows:
         return 0
-    from jobs.models import Job
-
     jobs = {
         job.pk: job
         for job in Job.objects.filter(pk__in={r.job_id for r in rows}).select_related(
@@ -450,7 +448,3 @@ def alerts_announced(*, tenant_id: int | None, event: str, alerts: list, **_) ->
 def job_end_mail_set(*, user, enabled: bool) -> JobEndMail:
     choice, _ = JobEndMail.objects.update_or_create(user=user, defaults={"enabled": enabled})
     return choice
-
-
-def job_end_mail_of(user) -> bool:
-    return JobEndMail.objects.filter(user=user, enabled=True).exists()

@@ -15,6 +15,7 @@ from tenants import roles
 from tenants.pages import form_errors_from, require_or_403, tenant_context, tenant_or_404
 from webhooks import services
 from webhooks.models import Delivery, Endpoint, EventType
+from webhooks.selectors import endpoints_with_log, job_end_mail_of
 
 LOG_SHOWN = 20  # deliveries shown per endpoint; the API pages through all
 
@@ -35,9 +36,7 @@ class EndpointForm(forms.Form):
 def _page(
     request: HttpRequest, tenant, form: EndpointForm, *, secret=None, status: int = 200
 ) -> HttpResponse:
-    endpoints = list(Endpoint.objects.filter(tenant=tenant).order_by("id"))
-    for endpoint in endpoints:
-        endpoint.log = list(Delivery.objects.filter(endpoint=endpoint).order_by("-id")[:LOG_SHOWN])
+    endpoints = endpoints_with_log(tenant=tenant, shown=LOG_SHOWN)
     context = tenant_context(request, tenant) | {
         "section": "webhooks", "endpoints": endpoints, "form": form, "secret": secret,
     }  # fmt: skip
@@ -115,5 +114,5 @@ def notifications(request: HttpRequest) -> HttpResponse:
             messages.success(request, _("Your notifications are saved."))
             return redirect("notifications")
     else:
-        form = NotificationsForm(initial={"job_end_mail": services.job_end_mail_of(request.user)})
+        form = NotificationsForm(initial={"job_end_mail": job_end_mail_of(request.user)})
     return render(request, "account/notifications.html", {"form": form, "email": request.user.email})

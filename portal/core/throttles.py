@@ -95,10 +95,7 @@ class _CounterThrottle(BaseThrottle):
         ident = self.ident(request)
         if ident is None:
             return True
-        rate = settings.API_THROTTLE_RATES.get(self.scope)
-        if rate is None:  # a site that names no rate for this scope does not limit it
-            return True
-        allowed, window_s = SimpleRateThrottle.parse_rate(None, rate)
+        allowed, window_s = SimpleRateThrottle.parse_rate(None, settings.API_THROTTLE_RATES[self.scope])
         now = time.time()
         window = int(now // window_s)
         self._wait = (window + 1) * window_s - now
