@@ -1,4 +1,5 @@
 import re
+from decimal import Decimal
 from string import Formatter
 from urllib.parse import urlsplit
 
@@ -7,6 +8,8 @@ from django.core.validators import MinValueValidator, URLValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from clusters import shares
+from clusters.shares import KINDS_BY_CLUSTER, ShareKind
 from portal.core.fields import EncryptedTextField
 from portal.core.validators import cluster_username_validator, slug_validator
 
@@ -28,6 +31,11 @@ class Vendor(models.TextChoices):
     AMD = "amd", "AMD"
     CAMBRICON = "cambricon", "Cambricon"
     HYGON = "hygon", "Hygon"
+    HUAWEI = "huawei", "Huawei Ascend"
+
+
+def default_share_kinds() -> list[str]:
+    return [ShareKind.WHOLE.value]
 
 
 class GpuModel(models.Model):
@@ -53,12 +61,44 @@ class GpuModel(models.Model):
     slurm_gres = models.CharField(max_length=32, help_text=_("Slurm GRES type, as in --gres=gpu:TYPE:N"))
     k8s_resource = models.CharField(max_length=64, help_text=_("Kubernetes extended resource name"))
     k8s_product = models.CharField(max_length=128, help_text=_("Node label value of the GPU product"))
+    # How the model may be shared (clusters/shares.py): the kinds it supports, its MIG profiles
+    # ([] without MIG: {name, compute_slices, memory_slices, memory_gb, instances_max} each), and
+    # where the figures come from.
+    share_kinds = models.JSONField(default=default_share_kinds, blank=True)
+    mig_profiles = models.JSONField(default=list, blank=True)
+    sources = models.TextField(blank=True, help_text=_("Where the figures come from, one per line"))
 
     class Meta:
         ordering = ["slug"]
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        super().clean()
+        errors = {}
+        if not isinstance(self.share_kinds, list) or not set(self.share_kinds) <= set(ShareKind.values):
+            errors["share_kinds"] = _("A list of: %s.") % ", ".join(ShareKind.values)
+        try:
+            profiles = shares.mig_profiles(self.mig_profiles)
+        except (KeyError, TypeError, ValueError):
+            errors["mig_profiles"] = _(
+                "A list of {name, compute_slices, memory_slices, memory_gb, instances_max}."
+            )
+        else:
+            if any(
+                p.compute_slices not in range(1, 8) or p.memory_slices not in range(1, 9) for p in profiles
+            ):
+                errors["mig_profiles"] = _("A MIG profile has 1 to 7 compute and 1 to 8 memory slices.")
+        if errors:
+            raise ValidationError(errors)
+
+    def mig_profile(self, name: str) -> shares.MigProfile | None:
+        return next((p for p in shares.mig_profiles(self.mig_profiles) if p.name == name), None)
+
+    @property
+    def memory_mib(self) -> int:
+        return shares.device_memory_mib(self.memory_gb)
 
 
 class Advisor(models.TextChoices):
@@ -267,6 +307,11 @@ class Partition(models.Model):
     # are lowered to these, so that a scenario's defaults never ask more than the hardware has.
     max_cpus_per_gpu = models.PositiveSmallIntegerField(null=True, blank=True)
     max_mem_per_gpu_mb = models.PositiveIntegerField(null=True, blank=True)
+    # Which shares of its devices it offers (clusters/shares.py): kinds, the MIG profiles its
+    # nodes are split into, and how many shards a device is (Slurm's gres/shard Count per GPU).
+    share_kinds = models.JSONField(default=default_share_kinds, blank=True)
+    mig_profiles = models.JSONField(default=list, blank=True)
+    shards_per_gpu = models.PositiveSmallIntegerField(default=0)
 
     class Meta:
         ordering = ["cluster_id", "name"]
@@ -275,6 +320,102 @@ class Partition(models.Model):
     def __str__(self) -> str:
         return f"{self.cluster.slug}/{self.name}"
 
+    def clean(self) -> None:
+        """What a partition offers must be what its model and its scheduler can give."""
+        super().clean()
+        if self.gpu_model_id is None or self.cluster_id is None:
+            return
+        errors = {}
+        kinds = self.share_kinds if isinstance(self.share_kinds, list) else None
+        possible = set(self.gpu_model.share_kinds) & set(KINDS_BY_CLUSTER.get(self.cluster.kind, ()))
+        if not kinds or not set(kinds) <= possible:
+            errors["share_kinds"] = _("%(model)s on a %(kind)s cluster offers: %(kinds)s.") % {
+                "model": self.gpu_model.name,
+                "kind": self.cluster.get_kind_display(),
+                "kinds": ", ".join(sorted(possible)),
+            }
+        known = {p.name for p in shares.mig_profiles(self.gpu_model.mig_profiles)}
+        profiles = self.mig_profiles if isinstance(self.mig_profiles, list) else None
+        if profiles is None or not set(profiles) <= known:
+            errors["mig_profiles"] = _("Profiles of %(model)s: %(profiles)s.") % {
+                "model": self.gpu_model.name,
+                "profiles": ", ".join(sorted(known)) or "-",
+            }
+        elif kinds and (ShareKind.MIG in kinds) != bool(profiles):
+            errors["mig_profiles"] = _("Name the MIG profiles exactly when the partition offers MIG.")
+        if kinds and (ShareKind.SHARD in kinds) != (self.shards_per_gpu > 0):
+            errors["shards_per_gpu"] = _("Set the shards per GPU exactly when the partition offers shards.")
+        if errors:
+            raise ValidationError(errors)
+
+    def offers(self, kind: str) -> bool:
+        return kind in self.share_kinds
+
     @property
     def gpus_total(self) -> int:
         return self.gpus_per_node * self.nodes
+
+
+def share_check(
+    gpu_model: GpuModel, share: shares.Share, *, partition: Partition | None = None
+) -> Decimal | None:
+    """What one unit of the share counts of a device of the model (clusters/shares.py), once
+    checked against what the model, and the partition when given, can give: a ValidationError
+    naming the field (share, mig_profile, gpu_memory_mib, gpu_cores_pct) otherwise. None for a
+    shard without a partition: its size is the partition's."""
+    kind = share.kind
+    offered = partition.share_kinds if partition is not None else gpu_model.share_kinds
+    where = str(partition) if partition is not None else gpu_model.name
+    if kind not in ShareKind.values or kind not in gpu_model.share_kinds or kind not in offered:
+        raise ValidationError(
+            {"share": _("%(where)s offers: %(kinds)s.") % {"where": where, "kinds": ", ".join(offered)}}
+        )
+    errors = {}
+    if kind == ShareKind.MIG:
+        profile = gpu_model.mig_profile(share.mig_profile)
+        profiles = (
+            partition.mig_profiles if partition is not None else [p["name"] for p in gpu_model.mig_profiles]
+        )
+        if profile is None or share.mig_profile not in profiles:
+            errors["mig_profile"] = _("%(where)s has the MIG profiles: %(profiles)s.") % {
+                "where": where,
+                "profiles": ", ".join(profiles),
+            }
+    elif share.mig_profile:
+        errors["mig_profile"] = _("Only a MIG share names a profile.")
+    if kind == ShareKind.SLICE:
+        if not 1 <= share.memory_mib <= gpu_model.memory_mib:
+            errors["gpu_memory_mib"] = _("A slice of %(model)s holds 1 to %(max)s MiB.") % {
+                "model": gpu_model.name,
+                "max": gpu_model.memory_mib,
+            }
+        if not 1 <= share.cores_pct <= 100:
+            errors["gpu_cores_pct"] = _("A slice has 1 to 100 percent of the device's compute.")
+    else:
+        if share.memory_mib:
+            errors["gpu_memory_mib"] = _("Only a slice has a memory cap.")
+        if share.cores_pct:
+            errors["gpu_cores_pct"] = _("Only a slice has a compute percentage.")
+    if errors:
+        raise ValidationError(errors)
+    if kind == ShareKind.MIG:
+        return profile.fraction
+    if kind == ShareKind.SLICE:
+        return shares.slice_fraction(
+            memory_mib=share.memory_mib, cores_pct=share.cores_pct, memory_gb=gpu_model.memory_gb
+        )
+    if kind == ShareKind.SHARD:
+        return shares.shard_fraction(partition.shards_per_gpu) if partition is not None else None
+    return shares.ONE
+
+
+def units_per_node(partition: Partition, share: shares.Share) -> int:
+    """The most units of the share one node of the partition holds."""
+    if share.kind == ShareKind.MIG:
+        profile = partition.gpu_model.mig_profile(share.mig_profile)
+        return partition.gpus_per_node * (profile.instances_max if profile else 0)
+    if share.kind == ShareKind.SHARD:
+        return partition.gpus_per_node * partition.shards_per_gpu
+    if share.kind == ShareKind.SLICE:
+        return 1  # one shared device per node: HAMi's nvidia.com/gpu: 1 with its caps
+    return partition.gpus_per_node

@@ -31,6 +31,9 @@ def cluster_list() -> QuerySet[Cluster]:
         "gpus_per_node",
         "nodes",
         "gpus_free",
+        "share_kinds",
+        "mig_profiles",
+        "shards_per_gpu",
         "max_walltime_minutes",
         "gpu_model__slug",
     )

@@ -1,11 +1,41 @@
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from clusters import advisor
+from clusters import advisor, shares
 from clusters.models import Cluster, GpuModel, Partition, Scenario, ScenarioGpu
+from clusters.shares import ShareKind
 from portal.core.serializers import StrictFloatField, StrictIntegerField
 
 
+class MigProfileOut(serializers.Serializer):
+    name = serializers.CharField()
+    compute_slices = serializers.IntegerField(help_text="Of the device's 7")
+    memory_slices = serializers.IntegerField(help_text="Of the device's 8")
+    memory_gb = serializers.IntegerField()
+    instances_max = serializers.IntegerField(help_text="The most instances of this profile on one device")
+    fraction = serializers.DecimalField(
+        max_digits=5,
+        decimal_places=4,
+        coerce_to_string=False,
+        help_text="What one instance counts of the device in GPU-hours: max(compute/7, memory/8), rounded down",
+    )
+
+
 class GpuModelOut(serializers.ModelSerializer):
+    """Beyond docs/api.md's fields: the share kinds the model supports, its MIG profiles with the
+    fraction of a device each counts (clusters/shares.py), and the sources of its figures."""
+
+    share_kinds = serializers.ListField(child=serializers.ChoiceField(choices=ShareKind.choices))
+    mig_profiles = serializers.SerializerMethodField()
+    sources = serializers.SerializerMethodField()
+
+    @extend_schema_field(MigProfileOut(many=True))
+    def get_mig_profiles(self, gpu: GpuModel) -> list[dict]:
+        return [profile.as_dict() for profile in shares.mig_profiles(gpu.mig_profiles)]
+
+    def get_sources(self, gpu: GpuModel) -> list[str]:
+        return [line for line in gpu.sources.splitlines() if line.strip()]
+
     class Meta:
         model = GpuModel
         fields = [
@@ -22,6 +52,9 @@ class GpuModelOut(serializers.ModelSerializer):
             "slurm_gres",
             "k8s_resource",
             "k8s_product",
+            "share_kinds",
+            "mig_profiles",
+            "sources",
         ]
 
 
@@ -44,8 +77,12 @@ class ScenarioOut(serializers.ModelSerializer):
 
 
 class PartitionOut(serializers.ModelSerializer):
+    """Beyond docs/api.md's fields: the shares of its devices it offers (clusters/shares.py)."""
+
     gpu_model = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     gpus_total = serializers.IntegerField(read_only=True)
+    share_kinds = serializers.ListField(child=serializers.ChoiceField(choices=ShareKind.choices))
+    mig_profiles = serializers.ListField(child=serializers.CharField())
 
     class Meta:
         model = Partition
@@ -57,6 +94,9 @@ class PartitionOut(serializers.ModelSerializer):
             "gpus_total",
             "gpus_free",
             "max_walltime_minutes",
+            "share_kinds",
+            "mig_profiles",
+            "shards_per_gpu",
         ]
 
 

@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from clusters.selectors import catalog_names
+from clusters.shares import Share
 from jobs import services, stream
 from jobs.filters import JobFilter
 from jobs.job_templates import TEMPLATES
@@ -90,9 +91,12 @@ class JobViewSet(ConditionalGet, mixins.ListModelMixin, mixins.RetrieveModelMixi
         """Submit a job. A repeat with the same Idempotency-Key answers 200 with the first job."""
         data = parsed(JobIn, request)
         require(request.user, data["tenant"], roles.SUBMIT_JOB)
+        share = Share(
+            data.pop("share"), data.pop("mig_profile"), data.pop("gpu_memory_mib"), data.pop("gpu_cores_pct")
+        )
         job, created = services.job_submit(
             user=request.user,
-            request=services.JobRequest(**data),
+            request=services.JobRequest(**data, share=share),
             idempotency_key=request.headers.get("Idempotency-Key", ""),
             body=request.data,
         )

@@ -1,4 +1,5 @@
 import uuid
+from decimal import Decimal
 
 from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
@@ -9,6 +10,7 @@ from django.utils.translation import gettext_lazy as _
 
 from clusters.backends.base import JobState
 from clusters.models import Cluster, GpuModel, Partition, Scenario
+from clusters.shares import Share, ShareKind
 from tenants.models import QuotaGrant, Tenant, Tier
 
 job_name_validator = RegexValidator(
@@ -65,6 +67,13 @@ class Job(models.Model):
     partition = models.ForeignKey(Partition, on_delete=models.PROTECT, related_name="jobs")
     gpus = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     nodes = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    # What each of `gpus` is (clusters/shares.py), and what it counts of a device: GPU-hours are
+    # gpus × device_fraction × hours, and admission fills a partition by the same figure.
+    share = models.CharField(max_length=8, choices=ShareKind.choices, default=ShareKind.WHOLE)
+    mig_profile = models.CharField(max_length=32, blank=True)
+    gpu_memory_mib = models.PositiveIntegerField(default=0)
+    gpu_cores_pct = models.PositiveSmallIntegerField(default=0)
+    device_fraction = models.DecimalField(max_digits=5, decimal_places=4, default=Decimal(1))
     walltime_minutes = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
     cpus_per_gpu = models.PositiveSmallIntegerField()
@@ -129,6 +138,15 @@ class Job(models.Model):
     @property
     def gpus_per_node(self) -> int:
         return self.gpus // self.nodes
+
+    @property
+    def share_of_device(self) -> Share:
+        return Share(self.share, self.mig_profile, self.gpu_memory_mib, self.gpu_cores_pct)
+
+    @property
+    def device_gpus(self) -> Decimal:
+        """The devices' worth the job holds: its units × what each counts of a device."""
+        return self.gpus * self.device_fraction
 
 
 class JobEvent(models.Model):

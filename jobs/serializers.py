@@ -14,6 +14,7 @@ from rest_framework import serializers
 
 from clusters.models import Cluster, GpuModel, Scenario
 from clusters.selectors import CatalogNames, catalog_names
+from clusters.shares import ShareKind
 from jobs.models import Job, JobEvent, JobGpuSample, Priority, job_name_validator
 from jobs.selectors import API_JOB_DETAIL_FIELDS, JOB_ANSWER
 from jobs.services.submit import MAX_ENV
@@ -43,8 +44,39 @@ class JobIn(serializers.Serializer):
     tenant = VisibleTenantField()
     scenario = SlugRef(queryset=Scenario.objects.all())
     gpu_model = SlugRef(queryset=GpuModel.objects.all())
-    gpus = StrictIntegerField(min_value=1, max_value=MAX_GPUS)
+    gpus = StrictIntegerField(
+        min_value=1,
+        max_value=MAX_GPUS,
+        help_text="Units of the share: devices, MIG instances, slices or shards.",
+    )
     nodes = StrictIntegerField(min_value=1, max_value=MAX_NODES, default=1)
+    share = serializers.ChoiceField(
+        choices=ShareKind.choices,
+        default=ShareKind.WHOLE,
+        help_text="What each of `gpus` is; the partition must offer it (GET /clusters/). Shards share a "
+        "device without isolation.",
+    )
+    mig_profile = StrictCharField(
+        required=False,
+        default="",
+        allow_blank=True,
+        max_length=32,
+        help_text="share=mig: the profile, e.g. 3g.71gb.",
+    )
+    gpu_memory_mib = StrictIntegerField(
+        required=False,
+        default=0,
+        min_value=0,
+        max_value=1 << 24,
+        help_text="share=slice: the memory cap in MiB.",
+    )
+    gpu_cores_pct = StrictIntegerField(
+        required=False,
+        default=0,
+        min_value=0,
+        max_value=100,
+        help_text="share=slice: the compute percentage.",
+    )
     walltime_minutes = StrictIntegerField(min_value=1)  # at most the site's cap: get_fields()
     name = StrictCharField(max_length=64, validators=[job_name_validator])
     priority = serializers.ChoiceField(
@@ -117,6 +149,12 @@ class JobOut(serializers.ModelSerializer):
     )
     gpu_hours_reserved = serializers.DecimalField(
         source="reserved_gpu_hours", max_digits=12, decimal_places=2, coerce_to_string=False
+    )
+    device_fraction = serializers.DecimalField(
+        max_digits=5,
+        decimal_places=4,
+        coerce_to_string=False,
+        help_text="What each of `gpus` counts of a device: GPU-hours are gpus × device_fraction × hours.",
     )
 
     class Meta:

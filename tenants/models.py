@@ -9,6 +9,7 @@ from django.utils.translation import gettext_lazy as _
 from guardian.models import GroupObjectPermissionBase, UserObjectPermissionBase
 
 from clusters.models import Cluster, GpuModel, Scenario
+from clusters.shares import ShareKind
 from portal.core.validators import cluster_username_validator, reserved_slug_validator, slug_validator
 
 
@@ -170,6 +171,10 @@ class QuotaGrant(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="grants")
     scenario = models.ForeignKey(Scenario, on_delete=models.PROTECT, related_name="+")
     gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="+")
+    # The unit of `gpus` (clusters/shares.py): whole devices, MIG instances of mig_profile,
+    # slices or shards; gpu_hours are device-equivalent GPU-hours whatever the unit.
+    share = models.CharField(max_length=8, choices=ShareKind.choices, default=ShareKind.WHOLE)
+    mig_profile = models.CharField(max_length=32, blank=True)
     gpus = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     gpu_hours = models.DecimalField(max_digits=12, decimal_places=2)
     starts_on = models.DateField()
@@ -223,6 +228,8 @@ class QuotaRequest(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="quota_requests")
     scenario = models.ForeignKey(Scenario, on_delete=models.PROTECT, related_name="+")
     gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="+")
+    share = models.CharField(max_length=8, choices=ShareKind.choices, default=ShareKind.WHOLE)
+    mig_profile = models.CharField(max_length=32, blank=True)
     gpus = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     gpu_hours = models.DecimalField(max_digits=12, decimal_places=2)
     starts_on = models.DateField()

@@ -5,6 +5,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from clusters.models import GpuModel, Scenario
+from clusters.shares import ShareKind
 from portal.core.models import AuditEvent
 from portal.core.serializers import (
     SLUG_PATTERN,
@@ -131,9 +132,19 @@ class QuotaRequestIn(serializers.Serializer):
     tenant = VisibleTenantField()
     scenario = SlugRef(queryset=Scenario.objects.all())
     gpu_model = SlugRef(queryset=GpuModel.objects.all())
-    gpus = StrictIntegerField(min_value=1, max_value=MAX_GPUS)
+    share = serializers.ChoiceField(
+        choices=ShareKind.choices,
+        default=ShareKind.WHOLE,
+        help_text="The unit of `gpus`: whole devices, MIG instances of `mig_profile`, slices, Slurm shards.",
+    )
+    mig_profile = StrictCharField(max_length=32, required=False, default="", allow_blank=True)
+    gpus = StrictIntegerField(min_value=1, max_value=MAX_GPUS, help_text="Concurrent units of the share.")
     gpu_hours = StrictDecimalField(
-        max_digits=12, decimal_places=2, min_value=Decimal("0.01"), max_value=MAX_GPU_HOURS
+        max_digits=12,
+        decimal_places=2,
+        min_value=Decimal("0.01"),
+        max_value=MAX_GPU_HOURS,
+        help_text="Device-equivalent GPU-hours: a unit counts its fraction of a device.",
     )
     starts_on = serializers.DateField()
     ends_on = serializers.DateField()
@@ -154,8 +165,8 @@ class QuotaRequestOut(serializers.ModelSerializer):
     class Meta:
         model = QuotaRequest
         fields = [
-            "id", "tenant", "scenario", "gpu_model", "gpus", "gpu_hours", "starts_on", "ends_on",
-            "justification", "state", "requested_by", "created", "decided_by", "decided_at",
+            "id", "tenant", "scenario", "gpu_model", "share", "mig_profile", "gpus", "gpu_hours", "starts_on",
+            "ends_on", "justification", "state", "requested_by", "created", "decided_by", "decided_at",
             "decision_note", "grant",
         ]  # fmt: skip
 
@@ -186,8 +197,9 @@ class QuotaOut(serializers.ModelSerializer):
     class Meta:
         model = QuotaGrant
         fields = [
-            "id", "tenant", "scenario", "gpu_model", "gpus", "gpus_in_use", "gpu_hours", "gpu_hours_used",
-            "gpu_hours_reserved", "gpu_hours_remaining", "starts_on", "ends_on", "active",
+            "id", "tenant", "scenario", "gpu_model", "share", "mig_profile", "gpus", "gpus_in_use",
+            "gpu_hours", "gpu_hours_used", "gpu_hours_reserved", "gpu_hours_remaining", "starts_on",
+            "ends_on", "active",
         ]  # fmt: skip
 
 

@@ -5,11 +5,13 @@ from datetime import date, timedelta
 from decimal import Decimal
 
 from django.contrib.auth.models import AbstractBaseUser, Permission
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from clusters.models import GpuModel, Scenario, ScenarioGpu
+from clusters.models import GpuModel, Scenario, ScenarioGpu, share_check
+from clusters.shares import Share, ShareKind
 from portal.core.errors import Conflict, Invalid, NotFound
 from portal.core.services import audit_record
 from tenants.errors import LastOwner, QuotaExhausted, TenantSuspended
@@ -205,12 +207,20 @@ def quota_request_create(
     starts_on: date,
     ends_on: date,
     justification: str,
+    share: str = ShareKind.WHOLE,
+    mig_profile: str = "",
 ) -> QuotaRequest:
-    """A pending request; platform admins hear of it by mail."""
+    """A pending request, in the unit of its share (whole devices, MIG instances of a profile,
+    slices, shards); platform admins hear of it by mail."""
     _require_active(tenant)
     errors = {}
     if not ScenarioGpu.objects.filter(scenario=scenario, gpu_model=gpu_model).exists():
         errors["gpu_model"] = f"{gpu_model.slug} is not one of the GPU models that {scenario.slug} lists."
+    else:
+        try:
+            share_check(gpu_model, Share(share, mig_profile))
+        except ValidationError as exc:
+            errors |= exc.message_dict
     if ends_on < starts_on:
         errors["ends_on"] = "Must not be before starts_on."
     elif ends_on < timezone.localdate():
@@ -221,6 +231,8 @@ def quota_request_create(
         tenant=tenant,
         scenario=scenario,
         gpu_model=gpu_model,
+        share=share,
+        mig_profile=mig_profile,
         gpus=gpus,
         gpu_hours=gpu_hours,
         starts_on=starts_on,
@@ -233,7 +245,12 @@ def quota_request_create(
         action="quota_request.create",
         target=request,
         tenant=tenant,
-        data={"gpu_model": gpu_model.slug, "gpus": gpus, "gpu_hours": str(gpu_hours)},
+        data={
+            "gpu_model": gpu_model.slug,
+            "share": Share(share, mig_profile).label,
+            "gpus": gpus,
+            "gpu_hours": str(gpu_hours),
+        },
     )
     mail_on_commit(template="request_new", to=staff_emails(), context={"request": request})
     return request
@@ -289,6 +306,8 @@ def quota_request_approve(
         tenant=request.tenant,
         scenario=request.scenario,
         gpu_model=request.gpu_model,
+        share=request.share,
+        mig_profile=request.mig_profile,
         starts_on=request.starts_on,
         **granted,
     )

@@ -148,18 +148,27 @@ class JobFactory(factory.django.DjangoModelFactory):
     )
 
 
-def catalog_pair(scenario_slug: str = "ai-training", gpu_slug: str = "h100-80gb"):
-    """A scenario and a GPU model it lists, from the catalog seed (re-seeded when a transactional
-    test elsewhere flushed it)."""
+def seed_catalog() -> None:
+    """The catalog as the migrations write it (0002's models and scenarios, 0010's shares and the
+    Ascend 910B), again where a transactional test elsewhere flushed it; idempotent."""
     import importlib
 
     from django.apps import apps
+
+    importlib.import_module("clusters.migrations.0002_seed_catalog").seed(apps, None)
+    importlib.import_module("clusters.migrations.0010_share_catalog").forward(apps, None)
+
+
+def catalog_pair(scenario_slug: str = "ai-training", gpu_slug: str = "h100-80gb"):
+    """A scenario and a GPU model it lists, from the catalog seed (re-seeded when a transactional
+    test elsewhere flushed it)."""
+
     from django.db.models import Max
 
     from clusters.models import GpuModel, Scenario, ScenarioGpu
 
     if not GpuModel.objects.exists():
-        importlib.import_module("clusters.migrations.0002_seed_catalog").seed(apps, None)
+        seed_catalog()
 
     scenario, _ = Scenario.objects.get_or_create(
         slug=scenario_slug,

@@ -119,6 +119,14 @@ class JobSpec:
     # submitter's own cluster username); never the portal's service user. "" where the cluster
     # kind has none of its own (Kubernetes: the namespace is the identity; local: the sandbox).
     user: str = ""
+    # What part of a device each of gpus_per_node is (clusters/shares.py): a whole device, a MIG
+    # instance of mig_profile, a slice capped at gpu_memory_mib and gpu_cores_pct, or a Slurm
+    # shard; and the accelerator's vendor, whose variables and resources pin it.
+    vendor: str = "nvidia"
+    share: str = "whole"
+    mig_profile: str = ""
+    gpu_memory_mib: int = 0
+    gpu_cores_pct: int = 0
 
     @property
     def gpus(self) -> int:
@@ -170,9 +178,10 @@ class TenantLimits:
     account: str
     qos: str
     users: list[str]  # cluster users that may submit under the account
-    gpus_by_type: dict[str, int]  # GRES type → concurrent GPUs (GrpTRES)
+    gpus_by_type: dict[str, int]  # GRES type → concurrent GPUs (GrpTRES); MIG profiles are types
     gpu_minutes: int  # GPU-minutes granted by the active grants (GrpTRESMins)
-    k8s_resources: dict[str, int] = field(default_factory=dict)  # resource name → GPUs (ResourceQuota)
+    k8s_resources: dict[str, int] = field(default_factory=dict)  # resource name → count (ResourceQuota)
+    shards: int = 0  # concurrent Slurm shards (GrpTRES gres/shard)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import DecimalField, F, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 from kombu.exceptions import OperationalError
@@ -111,13 +111,19 @@ def waiting_on(partition_id: int) -> list[Job]:
 
 
 WAITING_FIELDS = (
-    *("id", "grant_id", "gpus", "priority", "created", "reason", "holds_gpus", "state", "partition_id"),
+    *("id", "grant_id", "gpus", "device_fraction", "priority", "created", "reason", "holds_gpus", "state"),
+    "partition_id",
     *("tenant__tier", "tenant__state", "tenant__slug"),
 )
 
 
-def gpus_held_on(partition_id: int) -> int:
-    return Job.objects.filter(partition_id=partition_id, holds_gpus=True).aggregate(n=Sum("gpus"))["n"] or 0
+def gpus_held_on(partition_id: int) -> Decimal:
+    """The devices' worth its admitted jobs hold: units × each one's device fraction (a MIG
+    instance, a slice or a shard holds that part of a device; clusters/shares.py)."""
+    held = Job.objects.filter(partition_id=partition_id, holds_gpus=True).aggregate(
+        n=Sum(F("gpus") * F("device_fraction"), output_field=DecimalField(max_digits=14, decimal_places=4))
+    )["n"]
+    return held or Decimal(0)
 
 
 # --- Admission passes
@@ -179,14 +185,14 @@ def _admit(partition: Partition) -> list[int]:
             job.reason = held
         elif not grant.has_room_for(job.gpus):
             job.reason = QUOTA_WAIT
-        elif job.gpus > free:
+        elif job.gpus * job.device_fraction > free:
             job.reason = CAPACITY_WAIT
             free = 0  # strict order: nobody passes a job that waits for capacity
         elif not grant_take_gpus(grant_id=job.grant_id, gpus=job.gpus):
             job.reason = QUOTA_WAIT
         else:
             grant.gpus_in_use += job.gpus
-            free -= job.gpus
+            free -= job.gpus * job.device_fraction
             job.holds_gpus, job.reason = True, ""
             admitted.append(job.pk)
         if job.holds_gpus or job.reason != before:

@@ -19,7 +19,8 @@ from tenants.services import grant_settle
 
 
 def job_finish(*, job_id: int, status: JobStatus | None, reject_reason: str = "") -> bool:
-    """Any → an end state: charge the real GPU-hours (elapsed × GPUs) to the grant, release the
+    """Any → an end state: charge the real GPU-hours (elapsed × GPUs × each one's device
+    fraction) to the grant, release the
     reservation and the GPUs, record exit code and times, and admit the next waiting job.
     `status` None: the scheduler refused the job (REJECTED, reject_reason)."""
     partition_id = Job.objects.values_list("partition_id", flat=True).get(pk=job_id)
@@ -80,7 +81,9 @@ def _finish(partition_id: int, ends: dict[int, tuple[JobStatus | None, str]]) ->
                 job.node_list = status.node_list or job.node_list
             job.finished_at = (ended_at if status else None) or now  # as its end event says
             elapsed_s = (job.finished_at - job.started_at).total_seconds() if job.started_at else 0.0
-            job.gpu_hours = (Decimal(max(0.0, elapsed_s) / 3600) * job.gpus).quantize(Decimal("0.0001"))
+            # device-equivalent: units × what each counts of a device (clusters/shares.py)
+            hours = Decimal(max(0.0, elapsed_s) / 3600) * job.gpus * job.device_fraction
+            job.gpu_hours = hours.quantize(Decimal("0.0001"))
             grant = settle[job.grant_id]
             grant[0] += job.reserved_gpu_hours
             grant[1] += min(job.gpu_hours, job.reserved_gpu_hours)  # as grant_settle charges each job

@@ -12,10 +12,12 @@ from decimal import ROUND_CEILING, Decimal
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from clusters.models import Cluster, GpuModel, JobIdentity, Partition, Scenario
+from clusters.models import Cluster, GpuModel, JobIdentity, Partition, Scenario, share_check, units_per_node
+from clusters.shares import WHOLE, Share, ShareKind
 from jobs.job_templates import TemplateInvalid, render_template
 from jobs.models import MAX_PRIORITY, Job, JobEvent, JobState, default_priority, priority_above_cap
 from jobs.services.admission import gpus_held_on, jobs_admit_later
@@ -55,6 +57,7 @@ class JobRequest:
     parameters: dict = field(default_factory=dict)
     cluster: Cluster | None = None
     partition: str = ""
+    share: Share = WHOLE  # what each of `gpus` is: a whole device unless the request says
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,8 @@ def _check_env(env: dict) -> dict[str, str]:
 
 
 def _pick_partition(request: JobRequest) -> Partition:
-    """The partition given, or of those with the GPU model the one with most free GPUs."""
+    """The partition given, or of those with the GPU model that offer the share the one with most
+    free GPUs. A share the model has but no partition here offers is a 400 naming `share`."""
     candidates = Partition.objects.filter(gpu_model=request.gpu_model, cluster__enabled=True).select_related(
         "cluster"
     )
@@ -108,18 +112,37 @@ def _pick_partition(request: JobRequest) -> Partition:
     if not candidates:
         field_name = "partition" if request.partition else "cluster" if request.cluster else "gpu_model"
         raise Invalid({field_name: f"No enabled partition offers {request.gpu_model.slug} here."})
+    offering = [p for p in candidates if p.offers(request.share.kind)]
+    if not offering:
+        if len(candidates) == 1:
+            share_fraction(request, candidates[0])  # the partition's own words
+        raise Invalid(
+            {"share": f"No enabled partition offers {request.share.label} of {request.gpu_model.slug} here."}
+        )
+    candidates = offering
     if len(candidates) == 1:
         return candidates[0]
     free = {p.pk: p.gpus_total - gpus_held_on(p.pk) for p in candidates}
     return max(candidates, key=lambda p: (p.cluster.healthy, free[p.pk], -p.pk))
 
 
+def share_fraction(request: JobRequest, partition: Partition) -> Decimal:
+    """What each of the job's units counts of a device on the partition; a 400 naming the field
+    when the partition cannot give the share."""
+    try:
+        return share_check(request.gpu_model, request.share, partition=partition)
+    except ValidationError as exc:
+        raise Invalid(exc.message_dict) from None
+
+
 def _check_shape(request: JobRequest, partition: Partition) -> None:
     errors = {}
+    per_node = units_per_node(partition, request.share)
+    unit = "GPUs" if request.share.kind == ShareKind.WHOLE else f"{request.share.label} units"
     if request.gpus % request.nodes:
-        errors["gpus"] = f"{request.gpus} GPUs do not divide evenly over {request.nodes} nodes."
-    elif request.gpus // request.nodes > partition.gpus_per_node:
-        errors["gpus"] = f"{partition} has {partition.gpus_per_node} GPUs per node."
+        errors["gpus"] = f"{request.gpus} {unit} do not divide evenly over {request.nodes} nodes."
+    elif request.gpus // request.nodes > per_node:
+        errors["gpus"] = f"{partition} has {per_node} {unit} per node."
     if request.nodes > partition.nodes:
         errors["nodes"] = f"{partition} has {partition.nodes} nodes."
     cap = min(partition.max_walltime_minutes, settings.JOB_MAX_WALLTIME_MINUTES)
@@ -160,8 +183,13 @@ def _script(request: JobRequest, partition: Partition) -> str:
 
 
 def _matching_grants(request: JobRequest):
+    """The tenant's active grants in the job's unit: the scenario, the model and the share."""
     return QuotaGrant.objects.active_on(timezone.localdate()).filter(
-        tenant=request.tenant, scenario=request.scenario, gpu_model=request.gpu_model
+        tenant=request.tenant,
+        scenario=request.scenario,
+        gpu_model=request.gpu_model,
+        share=request.share.kind,
+        mig_profile=request.share.mig_profile,
     )
 
 
@@ -169,9 +197,10 @@ def _reserve_errors(request: JobRequest, hours: Decimal) -> None:
     """Why no grant can take the job: none matches, or none allows its GPUs at once."""
     matching = _matching_grants(request)
     if not matching.exists():
+        share = "" if request.share.kind == ShareKind.WHOLE else f" ({request.share.label})"
         raise NoQuota(
             f"{request.tenant.slug} has no active grant for {request.scenario.slug} "
-            f"on {request.gpu_model.slug}.",
+            f"on {request.gpu_model.slug}{share}.",
             extra={"gpu_hours_requested": str(hours)},
         )
     if not matching.filter(gpus__gte=request.gpus).exists():
@@ -210,25 +239,35 @@ class JobPreview:
     mem_per_gpu_mb: int
     priority: str
     gpu_hours_left: Decimal
+    device_fraction: Decimal
 
 
-def _checked(request: JobRequest) -> tuple[Partition, str]:
+@dataclass(frozen=True)
+class _Checked:
+    partition: Partition
+    script: str
+    fraction: Decimal  # what each unit counts of a device there
+
+
+def _checked(request: JobRequest) -> _Checked:
     """What submit and preview check before any grant: the tenant may submit, the env, the
-    partition (picked), the job's shape on it, and the script (rendered)."""
+    partition (picked), the share and the job's shape on it, and the script (rendered)."""
     if request.tenant.state != TenantState.ACTIVE:
         raise TenantSuspended(f"Tenant {request.tenant.slug} is suspended: it can read but not submit.")
     _check_env(request.env)
     partition = _pick_partition(request)
+    fraction = share_fraction(request, partition)
     _check_shape(request, partition)
-    return partition, _script(request, partition)
+    return _Checked(partition, _script(request, partition), fraction)
 
 
 def job_preview(*, request: JobRequest) -> JobPreview:
     """The submit form's live check: the same validation, partition choice and script as
     job_submit, and the grant it would reserve on (read, not locked). Raises what job_submit
     would raise for the same input, so that the form shows it before the person submits."""
-    partition, script = _checked(request)
-    hours = _gpu_hours(request)
+    checked = _checked(request)
+    partition, script, fraction = checked.partition, checked.script, checked.fraction
+    hours = _gpu_hours(request, fraction)
     grants = _matching_grants(request).filter(gpus__gte=request.gpus)
     left = max((grant.gpu_hours_remaining for grant in grants), default=None)
     if left is None:
@@ -237,8 +276,8 @@ def job_preview(*, request: JobRequest) -> JobPreview:
         raise QuotaExhausted(f"{hours} GPU-hours asked, {left} left on the grant.")
     return JobPreview(
         partition=partition, script=script, env={**request.scenario.env, **request.env}, gpu_hours=hours,
-        cpus_per_gpu=_cpus(request, partition), mem_per_gpu_mb=_mem(request, partition),
-        priority=_priority(request), gpu_hours_left=left,
+        cpus_per_gpu=_cpus(request, partition, fraction), mem_per_gpu_mb=_mem(request, partition, fraction),
+        priority=_priority(request), gpu_hours_left=left, device_fraction=fraction,
     )  # fmt: skip
 
 
@@ -256,16 +295,24 @@ def _cluster_user(request: JobRequest, cluster: Cluster, user: AbstractBaseUser)
     raise Invalid({"cluster": f"{why}: a platform admin sets it up."})
 
 
-def _gpu_hours(request: JobRequest) -> Decimal:
-    return (Decimal(request.gpus * request.walltime_minutes) / 60).quantize(Decimal("0.01"), ROUND_CEILING)
+def _gpu_hours(request: JobRequest, fraction: Decimal) -> Decimal:
+    """Device-equivalent GPU-hours the job may use: units × fraction × walltime, rounded up."""
+    units = request.gpus * fraction * request.walltime_minutes
+    return (units / 60).quantize(Decimal("0.01"), ROUND_CEILING)
 
 
-def _cpus(request: JobRequest, partition: Partition) -> int:
-    return min(request.scenario.cpus_per_gpu, partition.max_cpus_per_gpu or math.inf)
+# A share of a device gets that share of a device's CPUs and memory, and at least these.
+MIN_CPUS_PER_UNIT, MIN_MEM_PER_UNIT_MB = 1, 1024
 
 
-def _mem(request: JobRequest, partition: Partition) -> int:
-    return min(request.scenario.mem_per_gpu_mb, partition.max_mem_per_gpu_mb or math.inf)
+def _cpus(request: JobRequest, partition: Partition, fraction: Decimal) -> int:
+    per_gpu = min(request.scenario.cpus_per_gpu, partition.max_cpus_per_gpu or math.inf)
+    return max(MIN_CPUS_PER_UNIT, int(per_gpu * fraction))
+
+
+def _mem(request: JobRequest, partition: Partition, fraction: Decimal) -> int:
+    per_gpu = min(request.scenario.mem_per_gpu_mb, partition.max_mem_per_gpu_mb or math.inf)
+    return min(per_gpu, max(MIN_MEM_PER_UNIT_MB, int(per_gpu * fraction)))
 
 
 # Every submission with an Idempotency-Key asks first whether it is a repeat: compiled once
@@ -319,11 +366,12 @@ def job_submit(
 def _job_insert(*, user: AbstractBaseUser, request: JobRequest, idempotency: _Idempotency | None) -> Job:
     """The job, its reservation (the grant's row lock), event and audit, in one transaction that
     takes no partition lock: submissions to one partition do not wait for each other."""
-    partition, script = _checked(request)
+    checked = _checked(request)
+    partition, script, fraction = checked.partition, checked.script, checked.fraction
     cluster_user = _cluster_user(request, partition.cluster, user)
-    hours = _gpu_hours(request)
+    hours = _gpu_hours(request, fraction)
     grant = _reserve(request, hours)
-    cpus, mem = _cpus(request, partition), _mem(request, partition)
+    cpus, mem = _cpus(request, partition, fraction), _mem(request, partition, fraction)
     job = Job.objects.create(
         tenant=request.tenant,
         submitted_by=user,
@@ -336,6 +384,11 @@ def _job_insert(*, user: AbstractBaseUser, request: JobRequest, idempotency: _Id
         partition=partition,
         gpus=request.gpus,
         nodes=request.nodes,
+        share=request.share.kind,
+        mig_profile=request.share.mig_profile,
+        gpu_memory_mib=request.share.memory_mib,
+        gpu_cores_pct=request.share.cores_pct,
+        device_fraction=fraction,
         walltime_minutes=request.walltime_minutes,
         priority=_priority(request),
         cpus_per_gpu=cpus,
@@ -354,6 +407,11 @@ def _job_insert(*, user: AbstractBaseUser, request: JobRequest, idempotency: _Id
         action="job.submit",
         target=job,
         tenant=request.tenant,
-        data={"gpus": job.gpus, "gpu_model": request.gpu_model.slug, "gpu_hours_reserved": str(hours)},
+        data={
+            "gpus": job.gpus,
+            "gpu_model": request.gpu_model.slug,
+            "share": request.share.label,
+            "gpu_hours_reserved": str(hours),
+        },
     )
     return job

@@ -1,24 +1,20 @@
 """The sizing advisor: its arithmetic on known inputs (clusters/advisor/) and
 POST /api/v1/scenarios/{slug}/advise/ with its input validation."""
 
-import importlib
-
 import pytest
-from django.apps import apps as django_apps
 
 from clusters import advisor
 from clusters.models import GpuModel, Scenario, ScenarioGpu
 from tests.api_support import assert_problem
+from tests.factories import seed_catalog
 
 pytestmark = pytest.mark.django_db
-
-seed_migration = importlib.import_module("clusters.migrations.0002_seed_catalog")
 
 
 @pytest.fixture(autouse=True)
 def catalog():
     if not GpuModel.objects.exists():
-        seed_migration.seed(django_apps, None)
+        seed_catalog()
 
 
 def ranked(slug: str) -> list[GpuModel]:

@@ -4,18 +4,15 @@ unchanged; and POST /api/v1/scenarios/{slug}/advise/ answers in the Accept-Langu
 
 Reads the project's catalogue, locale/zh_Hans, compiled (django.mo)."""
 
-import importlib
 import re
 from dataclasses import dataclass
 
 import pytest
-from django.apps import apps as django_apps
 from django.utils import translation
 
 from clusters import advisor
 from clusters.models import GpuModel
-
-seed_migration = importlib.import_module("clusters.migrations.0002_seed_catalog")
+from tests.factories import seed_catalog
 
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*(?:e[+-]?\d+)?")
 CJK = re.compile(r"[\u4e00-\u9fff]")
@@ -137,7 +134,7 @@ def test_the_english_text_is_unchanged():
 @pytest.fixture
 def seeded(db):
     if not GpuModel.objects.exists():
-        seed_migration.seed(django_apps, None)
+        seed_catalog()
 
 
 @pytest.mark.parametrize(

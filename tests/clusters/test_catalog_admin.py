@@ -1,17 +1,14 @@
 """The catalog in the admin console: cluster secrets are write-only (never rendered, kept when
 left blank, replaced when typed, removed only by the explicit "clear" box)."""
 
-import importlib
-
 import pytest
-from django.apps import apps as django_apps
 from django.test import Client
 
 from clusters.models import Cluster, GpuModel, Scenario
+from tests.factories import seed_catalog
 
 pytestmark = pytest.mark.django_db
 
-seed_migration = importlib.import_module("clusters.migrations.0002_seed_catalog")
 
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAAsecret-key-material\n-----END OPENSSH PRIVATE KEY-----\n"
 SECRETS = {
@@ -25,7 +22,7 @@ SECRETS = {
 @pytest.fixture(autouse=True)
 def catalog():
     if not GpuModel.objects.exists():
-        seed_migration.seed(django_apps, None)
+        seed_catalog()
 
 
 @pytest.fixture

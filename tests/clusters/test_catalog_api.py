@@ -7,11 +7,12 @@ import pytest
 from django.apps import apps as django_apps
 
 from clusters.models import Cluster, GpuModel, Scenario, ScenarioGpu
-from tests.factories import ClusterFactory, PartitionFactory
+from tests.factories import ClusterFactory, PartitionFactory, seed_catalog
 
 pytestmark = pytest.mark.django_db
 
 seed_migration = importlib.import_module("clusters.migrations.0002_seed_catalog")
+share_migration = importlib.import_module("clusters.migrations.0010_share_catalog")
 
 SECRET_KEY_TEXT = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA-hunter2\n"
 SECRET_TOKEN_TEXT = "eyJhbGciOiJSUzI1NiJ9.k8s-token-hunter3"
@@ -22,7 +23,7 @@ SECRET_KUBECONFIG_TEXT = "apiVersion: v1\nusers:\n- name: admin\n  user: {token:
 def catalog():
     """The seed, as the migration wrote it; a transactional test elsewhere may have flushed it."""
     if not GpuModel.objects.exists():
-        seed_migration.seed(django_apps, None)
+        seed_catalog()
 
 
 def ranking(slug: str) -> list[GpuModel]:
@@ -70,8 +71,8 @@ def make_cluster(slug: str, *, enabled: bool = True, partitions: int = 2) -> Clu
 # --- The seed ------------------------------------------------------------------------------------
 
 
-def test_seed_has_twelve_gpu_models_and_three_scenarios():
-    assert GpuModel.objects.count() == 12
+def test_seed_has_thirteen_gpu_models_and_three_scenarios():
+    assert GpuModel.objects.count() == 13
     assert set(Scenario.objects.values_list("slug", flat=True)) == {
         "ai-training",
         "molecular-dynamics",
@@ -125,13 +126,14 @@ def test_seed_figures_are_consistent_across_models():
         "amd.com/gpu",
         "cambricon.com/mlu",
         "hygon.com/dcunum",
+        "huawei.com/Ascend910B",
     }
 
 
 def test_every_scenario_ranks_every_model_with_a_reason_in_figures():
     for scenario in Scenario.objects.all():
         entries = list(scenario.ranking.order_by("rank"))
-        assert [e.rank for e in entries] == list(range(1, 13))
+        assert [e.rank for e in entries] == list(range(1, 14))
         assert all(any(ch.isdigit() for ch in e.reason) for e in entries if "No FP64" not in e.reason)
         assert scenario.default_walltime_minutes > 0 and scenario.description
     ai = Scenario.objects.get(slug="ai-training")
@@ -164,6 +166,7 @@ def test_md_ranks_by_throughput_per_cost():
 
 
 def test_reverse_migration_removes_the_seed_and_forward_restores_it():
+    share_migration.backward(django_apps, None)
     seed_migration.unseed(django_apps, None)
     assert not GpuModel.objects.exists()
     assert not Scenario.objects.filter(slug__in=["ai-training", "molecular-dynamics", "cfd"]).exists()
@@ -171,6 +174,11 @@ def test_reverse_migration_removes_the_seed_and_forward_restores_it():
     seed_migration.seed(django_apps, None)  # a re-seed updates in place
     assert GpuModel.objects.count() == 12
     assert ScenarioGpu.objects.count() == 36
+    share_migration.forward(django_apps, None)
+    share_migration.forward(django_apps, None)  # and so does the shares' migration
+    assert GpuModel.objects.count() == 13
+    assert ScenarioGpu.objects.count() == 39
+    assert GpuModel.objects.get(slug="h200").share_kinds == ["whole", "mig", "slice", "shard"]
 
 
 # --- Endpoints -----------------------------------------------------------------------------------
@@ -195,7 +203,7 @@ def test_any_signed_in_user_reads_the_catalog(client_for, request, persona):
 def test_gpu_models_carry_exactly_the_api_fields(client_for, member):
     body = client_for(member).get("/api/v1/gpu-models/?page_size=200").json()
     assert set(body) == {"next", "previous", "results"}
-    assert len(body["results"]) == 12
+    assert len(body["results"]) == 13
     h100 = next(g for g in body["results"] if g["slug"] == "h100-80gb")
     assert set(h100) == {
         "slug",
@@ -211,6 +219,9 @@ def test_gpu_models_carry_exactly_the_api_fields(client_for, member):
         "slurm_gres",
         "k8s_resource",
         "k8s_product",
+        "share_kinds",
+        "mig_profiles",
+        "sources",
     }
     assert h100["memory_gb"] == 80 and h100["slurm_gres"] == "h100"
     assert [g["slug"] for g in body["results"]] == sorted(g["slug"] for g in body["results"])
@@ -241,7 +252,7 @@ def test_scenario_detail_lists_its_ranking_by_slug(client_for, viewer):
         "rank": 1,
         "reason": ScenarioGpu.objects.get(scenario__slug="ai-training", rank=1).reason,
     }
-    assert [e["rank"] for e in body["gpu_models"]] == list(range(1, 13))
+    assert [e["rank"] for e in body["gpu_models"]] == list(range(1, 14))
 
 
 def test_unknown_scenario_is_404(client_for, member):
@@ -265,6 +276,9 @@ def test_clusters_list_enabled_ones_with_their_partitions(client_for, member):
         "gpus_total": 32,
         "gpus_free": 5,
         "max_walltime_minutes": 2880,
+        "share_kinds": ["whole"],
+        "mig_profiles": [],
+        "shards_per_gpu": 0,
     }
     assert client_for(member).get("/api/v1/clusters/retired/").status_code == 404
 

@@ -91,7 +91,7 @@ def test_full_approval_creates_the_grant_and_mails_the_team(
     assert quotas == [
         {
             "id": str(grant.pk), "tenant": "protein-lab", "scenario": "ai-training", "gpu_model": "h100-80gb",
-            "gpus": 8, "gpus_in_use": 0, "gpu_hours": 2000.0, "gpu_hours_used": 0.0, "gpu_hours_reserved": 0.0,
+            "share": "whole", "mig_profile": "", "gpus": 8, "gpus_in_use": 0, "gpu_hours": 2000.0, "gpu_hours_used": 0.0, "gpu_hours_reserved": 0.0,
             "gpu_hours_remaining": 2000.0, "starts_on": str(TODAY), "ends_on": str(TODAY + timedelta(days=90)),
             "active": True,
         }
