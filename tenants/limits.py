@@ -10,6 +10,7 @@ from kombu.exceptions import OperationalError
 from clusters.backends.base import TenantLimits
 from clusters.models import Cluster, IdentityCheck
 from clusters.services import backend_of
+from clusters.shares import ShareKind, k8s_quota_resources
 from tenants.models import QuotaGrant, Tenant, TenantState
 from tenants.selectors import tenant_identities
 
@@ -18,25 +19,44 @@ log = logging.getLogger("tenants.limits")
 
 def tenant_limits(*, tenant: Tenant, cluster: Cluster) -> TenantLimits:
     """The tenant's limits on one cluster, from its active grants for the GPU models there:
-    concurrent GPUs per GRES type (GrpTRES) and the GPU-minutes granted (GrpTRESMins).
+    concurrent units per GRES type (GrpTRES; a MIG profile is its own type, as AutoDetect=nvml
+    names it, shards are gres/shard), per Kubernetes resource (clusters/shares.py), and the
+    GPU-minutes granted (GrpTRESMins).
 
     Granted, not remaining: Slurm counts the account's usage itself (and lets it decay), so a
     limit of the remaining minutes would count every finished job twice and hold back jobs the
-    portal's own ledger has admitted. The ledger is the exact limit; Slurm's is the backstop."""
+    portal's own ledger has admitted. The ledger is the exact limit; Slurm's is the backstop.
+    Slurm counts a MIG instance's minute as a GPU-minute, so a MIG grant's device-equivalent
+    hours are divided by its profile's fraction there; shards have no minutes limit of their
+    own in Slurm (the ledger holds them)."""
     today = timezone.localdate()
     models_here = set(cluster.partitions.values_list("gpu_model_id", flat=True))
     gpus_by_type: dict[str, int] = {}
     k8s: dict[str, int] = {}
+    shards = 0
     minutes = Decimal(0)
     grants = QuotaGrant.objects.active_on(today).filter(tenant=tenant)
     grants = grants.select_related("gpu_model")
     if tenant.state == TenantState.ACTIVE:
         for grant in grants:
-            if grant.gpu_model_id in models_here:
-                gpu_type = grant.gpu_model.slurm_gres
+            if grant.gpu_model_id not in models_here:
+                continue
+            model = grant.gpu_model
+            if grant.share == ShareKind.SHARD:
+                shards += grant.gpus
+            else:
+                gpu_type = grant.mig_profile if grant.share == ShareKind.MIG else model.slurm_gres
                 gpus_by_type[gpu_type] = gpus_by_type.get(gpu_type, 0) + grant.gpus
-                k8s[grant.gpu_model.k8s_resource] = k8s.get(grant.gpu_model.k8s_resource, 0) + grant.gpus
-                minutes += grant.gpu_hours * 60
+                profile = model.mig_profile(grant.mig_profile) if grant.share == ShareKind.MIG else None
+                minutes += grant.gpu_hours * 60 / (profile.fraction if profile else 1)
+                for name, count in k8s_quota_resources(
+                    vendor=model.vendor,
+                    resource=model.k8s_resource,
+                    kind=grant.share,
+                    units=grant.gpus,
+                    mig_profile=grant.mig_profile,
+                ).items():
+                    k8s[name] = k8s.get(name, 0) + count
     return TenantLimits(
         account=tenant.slug,
         qos=f"portal-{tenant.tier}",
@@ -45,6 +65,7 @@ def tenant_limits(*, tenant: Tenant, cluster: Cluster) -> TenantLimits:
         gpus_by_type=gpus_by_type,
         gpu_minutes=int(minutes),
         k8s_resources=k8s,
+        shards=shards,
     )
 
 

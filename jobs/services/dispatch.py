@@ -61,6 +61,11 @@ def spec_of(job: Job) -> JobSpec:
         mem_per_gpu_mb=job.mem_per_gpu_mb,
         labels={"tenant": job.tenant.slug, "job": str(job.pk), "scenario": job.scenario.slug},
         user=job.cluster_user,
+        vendor=job.gpu_model.vendor,
+        share=job.share,
+        mig_profile=job.mig_profile,
+        gpu_memory_mib=job.gpu_memory_mib,
+        gpu_cores_pct=job.gpu_cores_pct,
     )
 
 

@@ -48,7 +48,9 @@ class FakeApiServer:
         api.requests         # [(method, path, {query}), ...] of every request served
         api.backdate("Job", "ns", "pj-x", 7200)  # as if the Job had ended two hours ago
     Not modelled: watch, JSON Patch (415), container restarts (restartPolicy is treated as Never), the Job
-    controller's pod-failure backoff delay, Kueue admission, LimitRange/PriorityClass admission (stored only).
+    controller's pod-failure backoff delay, Kueue admission, LimitRange/PriorityClass admission (stored only),
+    schedulerName (one scheduler places every pod, HAMi's slices included: give a node the capacity of
+    the extended resources its pods ask for, nvidia.com/gpumem too).
     """
 
     def __init__(self, token: str = "t0k", nodes: list[dict] | None = None, tick_s: float = 0.05):  # noqa: S107

@@ -1,4 +1,5 @@
-"""The object store: resource registry, metadata, selectors, patches, ResourceQuota admission, Status errors."""
+"""The object store: resource registry, metadata, selectors, patches, the validation of extended resources,
+ResourceQuota admission, Status errors."""
 
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ PATCH_TYPES = (
 )
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _SUBDOMAIN = rf"{_LABEL}(\.{_LABEL})*"
+_QUALIFIED_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _LABEL_MSG = (
     "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and "
     f"end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '{_LABEL}')"
@@ -66,6 +68,7 @@ _NOT_OWNED = {
     ("metadata",): {"name", "namespace", "resourceVersion", "uid"},
 }
 _KEPT = ("uid", "creationTimestamp", "namespace", "generation", "deletionTimestamp", "resourceVersion")
+_CONTAINERS = {"pods": ("spec", "containers"), "jobs": ("spec", "template", "spec", "containers")}
 _JOB_DEFAULTS = {"parallelism": 1, "backoffLimit": 6, "completionMode": "NonIndexed", "suspend": False}
 _LATEST = "please apply your changes to the latest version and try again"
 _SUFFIX = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": Fraction(1)}
@@ -103,9 +106,20 @@ def forbidden(res: Res, name: str, why: str) -> ApiError:
 
 
 def invalid(res: Res, name: str, field: str, why: str) -> ApiError:
-    causes = {"causes": [{"reason": "FieldValueInvalid", "message": why, "field": field}]}
-    message = f'{res.kind}{"." * bool(res.group)}{res.group} "{name}" is invalid: {field}: {why}'
-    return ApiError(422, "Invalid", message, details(res, name, res.kind) | causes)
+    return invalid_fields(res, name, [(field, why)])
+
+
+def invalid_fields(res: Res, name: str, errors: list[tuple[str, str]]) -> ApiError:
+    """422 for one or more (field, why): several are listed in brackets, as the API server's aggregate is."""
+    reasons = {"Required value": "FieldValueRequired", "Invalid value": "FieldValueInvalid"}
+    causes = [
+        {"reason": reasons.get(why.split(":")[0], "FieldValueInvalid"), "message": why, "field": field}
+        for field, why in errors
+    ]
+    listed = ", ".join(f"{field}: {why}" for field, why in errors)
+    listed = listed if len(errors) == 1 else f"[{listed}]"
+    message = f'{res.kind}{"." * bool(res.group)}{res.group} "{name}" is invalid: {listed}'
+    return ApiError(422, "Invalid", message, details(res, name, res.kind) | {"causes": causes})
 
 
 def parse_quantity(value) -> Fraction:
@@ -181,15 +195,56 @@ def leaf_paths(obj, prefix=()) -> set[tuple]:
     return set().union(*(leaf_paths(v, (*prefix, k)) for k, v in obj.items() if k not in skip))
 
 
+def is_extended(name: str) -> bool:
+    """An extended resource (nvidia.com/gpu, nvidia.com/mig-3g.71gb, hygon.com/dcumem…): a name with a
+    domain outside kubernetes.io, as the API server's helper.IsExtendedResourceName tells them."""
+    domain, slash, rest = name.partition("/")
+    native = not slash or domain == "kubernetes.io" or domain.endswith(".kubernetes.io")
+    qualified = re.fullmatch(_SUBDOMAIN, f"requests.{domain}") and re.fullmatch(_QUALIFIED_NAME, rest)
+    return not native and not name.startswith("requests.") and bool(qualified)
+
+
 def pod_usage(pod: dict) -> dict[str, Fraction]:
-    """What a pod counts against quota: pods, requests.X, X (= requests.X), limits.X."""
+    """What a pod counts against quota: pods, requests.X, X (= requests.X), limits.X; an extended resource
+    counts as requests.X only (the quota evaluator tracks no limits.X or bare X of one: no overcommit)."""
     usage = {"pods": Fraction(1), "count/pods": Fraction(1)}
     for c in pod.get("spec", {}).get("containers", []):
         for kind in ("requests", "limits"):
             for name, q in ((c.get("resources") or {}).get(kind) or {}).items():
-                for key in {f"{kind}.{name}", name if kind == "requests" else f"{kind}.{name}"}:
+                if is_extended(name):
+                    keys = {f"requests.{name}"} if kind == "requests" else set()
+                else:
+                    keys = {f"{kind}.{name}", name if kind == "requests" else f"{kind}.{name}"}
+                for key in keys:
                     usage[key] = usage.get(key, Fraction(0)) + parse_quantity(q)
     return usage
+
+
+def resource_errors(containers: list | None, path: str) -> list[tuple[str, str]]:
+    """(field, why) for each extended resource a container asks for wrongly, worded as the API server's
+    validation words it: whole numbers, not negative, a limit always, a request equal to the limit."""
+    errors = []
+    for i, c in enumerate(containers or []):
+        resources, where = c.get("resources") or {}, f"{path}[{i}].resources"
+        requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+        for kind, values in (("limits", limits), ("requests", requests)):
+            for name, q in sorted(values.items()):
+                value = parse_quantity(q)
+                if is_extended(name) and value.denominator != 1:
+                    errors.append((f"{where}.{kind}[{name}]", f'Invalid value: "{q}": must be an integer'))
+                elif value < 0:
+                    why = f'Invalid value: "{q}": must be greater than or equal to 0'
+                    errors.append((f"{where}.{kind}[{name}]", why))
+        for name, q in sorted(requests.items()):
+            if not is_extended(name):
+                continue
+            if name not in limits:
+                why = "Required value: Limit must be set for non overcommitable resources"
+                errors.append((f"{where}.limits[{name}]", why))
+            elif parse_quantity(q) != parse_quantity(limits[name]):
+                why = f'Invalid value: "{q}": must be equal to {name} limit of {limits[name]}'
+                errors.append((f"{where}.requests[{name}]", why))
+    return errors
 
 
 class Store:
@@ -271,6 +326,10 @@ class Store:
             if res.plural == "jobs" and policy not in ("OnFailure", "Never"):
                 why = 'Required value: valid values: "OnFailure", "Never"'
                 raise invalid(res, name, "spec.template.spec.restartPolicy", why)
+            # the containers' resources are validated before the quota's admission, as the API server does
+            path = _CONTAINERS.get(res.plural)
+            if path and (errors := resource_errors(get_in(obj, path), ".".join(path))):
+                raise invalid_fields(res, name, errors)
             requested = pod_usage(obj) if res.plural == "pods" else {"count/jobs.batch": Fraction(1)}
             if res.plural in ("pods", "jobs"):
                 self.check_quota(res, ns, name, requested)

@@ -434,6 +434,91 @@ def test_quota_refuses_the_third_gpu_pod_until_one_finishes(api, k8s, ns, tmp_pa
     assert k8s.batch.read_namespaced_job("q", ns).status.succeeded == 3
 
 
+def test_quota_counts_extended_resources_by_their_requests_only(k8s, ns):
+    """A MIG instance (the device plugin's mixed strategy) or a HAMi slice's memory counts against
+    requests.<name> alone, as the quota evaluator counts every extended resource: limits.<name> and the
+    bare name bound nothing. Pods that wait for a node count too."""
+    mig = "nvidia.com/mig-3g.71gb"
+    hard = {f"requests.{mig}": "1", f"limits.{mig}": "0", mig: "0", "requests.nvidia.com/gpumem": "30000"}
+    k8s.core.create_namespaced_resource_quota(
+        ns, {"metadata": {"name": "gpu-portal"}, "spec": {"hard": hard}}
+    )
+    k8s.core.create_namespaced_pod(ns, pod_body("first", "true", limits={mig: "1"}))  # no MIG node: it waits
+    with pytest.raises(client.ApiException) as caught:
+        k8s.core.create_namespaced_pod(ns, pod_body("second", "true", limits={mig: "1"}))
+    body = status_of(caught.value)
+    assert (caught.value.status, body["reason"], body["details"]) == (
+        403,
+        "Forbidden",
+        {"name": "second", "kind": "pods"},
+    )
+    assert body["message"] == (
+        'pods "second" is forbidden: exceeded quota: gpu-portal, requested: requests.nvidia.com/mig-3g.71gb=1, '
+        "used: requests.nvidia.com/mig-3g.71gb=1, limited: requests.nvidia.com/mig-3g.71gb=1"
+    )
+    hami = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000", "nvidia.com/gpucores": "30"}
+    k8s.core.create_namespaced_pod(ns, pod_body("slice", "true", limits=hami))
+    with pytest.raises(client.ApiException) as caught:
+        k8s.core.create_namespaced_pod(ns, pod_body("slice-2", "true", limits=hami))
+    assert caught.value.status == 403 and status_of(caught.value)["message"].endswith(
+        "requested: requests.nvidia.com/gpumem=20000, used: requests.nvidia.com/gpumem=20000, "
+        "limited: requests.nvidia.com/gpumem=30000"
+    )
+    used = {f"requests.{mig}": "1", f"limits.{mig}": "0", mig: "0", "requests.nvidia.com/gpumem": "20000"}
+    wait_for(lambda: k8s.core.read_namespaced_resource_quota("gpu-portal", ns).status.used == used)
+
+
+def test_extended_resources_are_whole_with_requests_equal_to_limits(api, k8s, ns):
+    """The API server's validation of extended resources, before any quota: integers, a limit always, a
+    request equal to it (a limit alone is copied to the request). Nothing invalid is stored."""
+
+    def pod(name: str, **resources) -> dict:
+        body = pod_body(name, "true")
+        body["spec"]["containers"][0]["resources"] = resources
+        return body
+
+    refused = [
+        (
+            pod("fraction", limits={"nvidia.com/gpu": "500m"}),
+            'Pod "fraction" is invalid: [spec.containers[0].resources.limits[nvidia.com/gpu]: Invalid value: '
+            '"500m": must be an integer, spec.containers[0].resources.requests[nvidia.com/gpu]: Invalid value: '
+            '"500m": must be an integer]',
+        ),
+        (
+            pod("unequal", requests={"nvidia.com/mig-1g.18gb": "2"}, limits={"nvidia.com/mig-1g.18gb": "1"}),
+            'Pod "unequal" is invalid: spec.containers[0].resources.requests[nvidia.com/mig-1g.18gb]: '
+            'Invalid value: "2": must be equal to nvidia.com/mig-1g.18gb limit of 1',
+        ),
+        (
+            pod("no-limit", requests={"hygon.com/dcumem": "2000", "cpu": "1"}, limits={"cpu": "2"}),
+            'Pod "no-limit" is invalid: spec.containers[0].resources.limits[hygon.com/dcumem]: Required value: '
+            "Limit must be set for non overcommitable resources",
+        ),
+    ]
+    for body, message in refused:
+        with pytest.raises(client.ApiException) as caught:
+            k8s.core.create_namespaced_pod(ns, body)
+        status = status_of(caught.value)
+        assert (caught.value.status, status["reason"], status["message"]) == (422, "Invalid", message)
+    job = job_body("j", "true", resources={"requests": {"cambricon.com/vmlu": "1"}})
+    with pytest.raises(client.ApiException) as caught:
+        k8s.batch.create_namespaced_job(ns, job)
+    assert status_of(caught.value)["message"] == (
+        'Job.batch "j" is invalid: spec.template.spec.containers[0].resources.limits[cambricon.com/vmlu]: '
+        "Required value: Limit must be set for non overcommitable resources"
+    )
+    assert status_of(caught.value)["details"]["causes"] == [
+        {
+            "reason": "FieldValueRequired",
+            "message": "Required value: Limit must be set for non overcommitable resources",
+            "field": "spec.template.spec.containers[0].resources.limits[cambricon.com/vmlu]",
+        }
+    ]
+    assert api.objects("Pod") == [] and api.objects("Job") == []
+    same = {"nvidia.com/mig-1g.18gb": "1", "cpu": "500m"}  # native resources may be fractions
+    k8s.core.create_namespaced_pod(ns, pod("fine", requests=same, limits=same | {"cpu": "1"}))
+
+
 def test_indexed_job_gets_completion_indexes_and_hostnames(k8s, ns):
     body = job_body(
         "idx",

@@ -63,7 +63,7 @@ SlurmdParameters=config_overrides
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
-GresTypes=gpu
+GresTypes=gpu,shard
 PriorityType=priority/multifactor
 PriorityWeightQOS=10000
 AccountingStorageType=accounting_storage/slurmdbd
@@ -72,7 +72,7 @@ AccountingStoragePort=6819
 AccountingStorageEnforce=associations,limits,qos
 # A job identity sees its own jobs, usage, user and accounts only (operators see everything).
 PrivateData=jobs,usage,users,accounts
-AccountingStorageTRES=gres/gpu,gres/gpu:h100,gres/gpu:a100
+AccountingStorageTRES=gres/gpu,gres/gpu:h100,gres/gpu:a100,gres/gpu:h200,gres/gpu:3g.71gb,gres/gpu:1g.18gb,gres/shard
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
 JobCompType=jobcomp/none
@@ -91,9 +91,14 @@ EOF
             "CPUs=$NCPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$NCPUS ThreadsPerCore=1" \
             "RealMemory=$(real_memory) Gres=gpu:h100:4,gpu:a100:4 State=UNKNOWN"
     done
+    echo "NodeName=$SHARE_NODE NodeHostname=$NODE NodeAddr=$SSH_HOST Port=${SLURMD_PORTS[2]}" \
+        "CPUs=$NCPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$NCPUS ThreadsPerCore=1" \
+        "RealMemory=$(real_memory) Gres=gpu:h200:2,gpu:3g.71gb:2,gpu:1g.18gb:2,shard:$((2 * SHARDS_PER_GPU))" \
+        "State=UNKNOWN"
     cat <<EOF
 PartitionName=h100 Nodes=$NODELIST Default=YES MaxTime=INFINITE State=UP
 PartitionName=a100 Nodes=$NODELIST Default=NO MaxTime=INFINITE State=UP
+PartitionName=$SHARE_PARTITION Nodes=$SHARE_NODE Default=NO MaxTime=INFINITE State=UP
 EOF
 }
 
@@ -107,6 +112,12 @@ EOF
         echo "NodeName=${NODES[i]} Name=gpu Type=h100 File=/dev/nvidia[$((8 * i))-$((8 * i + 3))]"
         echo "NodeName=${NODES[i]} Name=gpu Type=a100 File=/dev/nvidia[$((8 * i + 4))-$((8 * i + 7))]"
     done
+    # the share node: whole H200s, MIG instances (typed as AutoDetect=nvml types them), and shards
+    # of the whole ones
+    echo "NodeName=$SHARE_NODE Name=gpu Type=h200 File=/dev/nvidia[16-17]"
+    echo "NodeName=$SHARE_NODE Name=gpu Type=3g.71gb File=/dev/nvidia[18-19]"
+    echo "NodeName=$SHARE_NODE Name=gpu Type=1g.18gb File=/dev/nvidia[20-21]"
+    echo "NodeName=$SHARE_NODE Name=shard Count=$((2 * SHARDS_PER_GPU)) File=/dev/nvidia[16-17]"
 }
 
 slurmdbd_conf_text() {

@@ -48,11 +48,19 @@ SSH_PORT=2222
 PARTITIONS="h100:h100:4,a100:a100:4" # name:GPU type:GPUs per node; every partition has all nodes
 NODE=$(hostname -s)
 NODES=("$NODE" "${NODE}2") # node names; both slurmd run here, reached at $SSH_HOST
-SLURMD_PORTS=(6818 6820)   # one per node (6819 is slurmdbd's)
+# A third node of its own partition (SHARE_PARTITION) whose GPUs are shared (issue [Share]): two
+# whole "h200", MIG instances as typed GRES (two 3g.71gb, two 1g.18gb: as AutoDetect=nvml names
+# them), and SHARDS_PER_GPU shards on each whole h200 (gres/shard), all on fake character devices.
+SHARE_NODE="${NODE}3"
+SHARE_PARTITION=h200
+SHARDS_PER_GPU=4
+ALL_NODES=("${NODES[@]}" "$SHARE_NODE")
+SLURMD_PORTS=(6818 6820 6821) # one per node of ALL_NODES (6819 is slurmdbd's)
 NODELIST=$(
     IFS=,
     echo "${NODES[*]}"
 )
+ALL_NODELIST="$NODELIST,$SHARE_NODE"
 NCPUS=16 # declared (SlurmdParameters=config_overrides), so that many small jobs run at once
 SLURM_ETC=/etc/slurm
 SPOOL=/var/spool/slurm-testbed # outside the state dir: slurmstepd execs job scripts from here as the job user
@@ -67,7 +75,7 @@ OUTAGE_MAX_S=${TESTBED_OUTAGE_MAX_S:-120} # a fault test that died mid-outage le
 # slurm-wlm-jwt-plugin: auth/jwt, which Debian ships apart from slurmrestd's rest_auth/jwt.
 # sudo: the service user's one rule to act as job identities.
 PACKAGES=(munge slurm-wlm slurmdbd openssh-server libpmix-dev lammps slurmrestd slurm-wlm-jwt-plugin sudo)
-SLURMDS=("${NODES[@]/#/slurmd-}") # daemon names: slurmd-<node>
+SLURMDS=("${ALL_NODES[@]/#/slurmd-}") # daemon names: slurmd-<node>
 DAEMONS=(munged slurmdbd slurmctld "${SLURMDS[@]}" slurmrestd sshd)
 REST_USER=slurmrestd # slurmrestd refuses root and SlurmUser (and their groups)
 REST_HOST=127.0.0.1
@@ -193,10 +201,10 @@ ensure_packages() {
 }
 
 # ----------------------------------------------------------------- devices --
-# 16 fake GPUs: per node 4 "h100" and 4 "a100" (gres.conf)
+# 22 fake GPUs: per node 4 "h100" and 4 "a100", and the share node's 6 (gres.conf)
 ensure_devices() {
     local n
-    for n in {0..15}; do
+    for n in {0..21}; do
         if [[ ! -c /dev/nvidia$n ]]; then
             rm -f "/dev/nvidia$n"
             mknod -m 666 "/dev/nvidia$n" c 195 "$n"
@@ -380,12 +388,12 @@ start_slurmdbd() {
 ctld_ok() { scontrol ping 2>/dev/null | grep -q "is UP"; }
 
 # e.g. "vm:idle vm2:mixed"
-node_states() { sinfo -h -N -n "$NODELIST" -o %N:%T 2>/dev/null | awk '!seen[$0]++' | tr '\n' ' ' | sed 's/ $//'; }
+node_states() { sinfo -h -N -n "$ALL_NODELIST" -o %N:%T 2>/dev/null | awk '!seen[$0]++' | tr '\n' ' ' | sed 's/ $//'; }
 
 nodes_usable() {
     local states node
     states=" $(node_states) "
-    for node in "${NODES[@]}"; do
+    for node in "${ALL_NODES[@]}"; do
         [[ $states =~ \ $node:(idle|mixed|allocated|completing)\  ]] || return 1
     done
 }
@@ -400,7 +408,7 @@ start_slurmctld() {
 
 start_slurmds() {
     local node
-    for node in "${NODES[@]}"; do
+    for node in "${ALL_NODES[@]}"; do
         if ! daemon_pid "slurmd-$node" >/dev/null; then
             log "starting slurmd for node $node"
             /usr/sbin/slurmd -N "$node" 9>&- || fail_daemon "slurmd-$node" "slurmd -N $node did not start"
@@ -408,7 +416,7 @@ start_slurmds() {
     done
     if ! wait_for 20 nodes_usable; then
         # e.g. DOWN after an unclean stop: ReturnToService=2 should cover it, nudge anyway
-        scontrol update nodename="$NODELIST" state=resume >/dev/null 2>&1 || true
+        scontrol update nodename="$ALL_NODELIST" state=resume >/dev/null 2>&1 || true
         wait_for "$WAIT_S" nodes_usable ||
             fail_daemon "slurmd-$NODE" "nodes are '$(node_states)', not all idle, after ${WAIT_S}s ($(sinfo -h -R 2>/dev/null | tr -s ' ' | head -n1))"
     fi
@@ -497,6 +505,9 @@ SLURM_TESTBED_SCRATCH=$SCRATCH
 SLURM_TESTBED_JOB_GROUP=$JOB_GROUP
 SLURM_TESTBED_PARTITIONS=$PARTITIONS
 SLURM_TESTBED_NODES=${#NODES[@]}
+SLURM_TESTBED_SHARE_PARTITION=$SHARE_PARTITION
+SLURM_TESTBED_SHARE_NODE=$SHARE_NODE
+SLURM_TESTBED_SHARDS_PER_GPU=$SHARDS_PER_GPU
 SLURMRESTD_URL=http://$REST_HOST:$REST_PORT
 SLURMRESTD_API=$REST_API
 SLURMRESTD_USER=${IDENTITIES[0]#*:}

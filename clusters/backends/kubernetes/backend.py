@@ -51,6 +51,7 @@ from clusters.backends.kubernetes.manifests import (
     check_token,
     job_manifest,
     job_name,
+    keep_revoked,
     parse_backend_id,
     rendezvous_service_manifest,
     tenant_manifests,
@@ -401,7 +402,8 @@ class KubernetesBackend(Backend):
 
     def apply_tenant(self, limits: TenantLimits) -> None:
         """Read each object, create what is missing, replace what differs: a second run with the
-        same limits only reads."""
+        same limits only reads. A resource the quota bounded and the limits no longer name (a
+        grant of MIG instances that ended) stays in the quota and the limit range at 0."""
         no_workload_priorities = False
         for manifest in tenant_manifests(limits, self.config):
             if not (no_workload_priorities and manifest["kind"] == "WorkloadPriorityClass"):
@@ -452,6 +454,8 @@ class KubernetesBackend(Backend):
                 "preemptionPolicy": current.get("preemptionPolicy"),
             }
             desired = {key: value for key, value in desired.items() if value is not None}
+        if kind in ("ResourceQuota", "LimitRange"):  # a grant that ended leaves a 0, not a gap
+            desired = keep_revoked(desired, current)
         stale = not contains(current, desired)
         if kind == "ResourceQuota":  # its hard limits are ours alone: exactly these
             stale = stale or set((current.get("spec") or {}).get("hard") or {}) != set(

@@ -3,14 +3,21 @@
 TenantLimits/JobSpec/ClusterConfig in, manifest dicts out: no API call here, so that the tests
 validate each manifest against the Kubernetes schemas of every version in KUBERNETES_VERSIONS.
 Names and values that come from the portal are checked here too (BackendError on a bad one).
+
+What a job's share of a device is called on Kubernetes comes from clusters/shares.py: whole
+devices by their device plugin's resource, MIG instances by the NVIDIA device plugin's mixed
+strategy (`nvidia.com/mig-<profile>`), slices by HAMi's resources, placed by HAMi's scheduler.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any
 
+from clusters import shares
 from clusters.backends.base import BackendError, ClusterConfig, JobSpec, TenantLimits
+from clusters.shares import HAMI_SCHEDULER, SLICE_RESOURCES, ShareKind
 
 # The Kubernetes versions the backend's manifests are valid for (validated by the tests).
 KUBERNETES_VERSIONS = ("1.29", "1.30", "1.31", "1.32", "1.33", "1.34", "1.35", "1.36", "1.37")
@@ -44,6 +51,13 @@ GPU_RESOURCES = {
     "cambricon.com/mlu": "cambricon.com/mlu.model",
     "hygon.com/dcunum": "hygon.com/dcu.model",
 }
+# The accelerator vendors a job may name (JobSpec.vendor), and the shares Kubernetes can give.
+VENDORS = tuple(shares.VISIBLE_DEVICES)
+SHARES = tuple(shares.KINDS_BY_CLUSTER["kubernetes"])
+# A slice's memory cap in the unit of the vendor's memory resource, where that is not MiB: HAMi
+# counts Cambricon's cambricon.com/mlu.smlu.vmemory in 256 MiB (pkg/device/cambricon/device.go,
+# MemoryFactor; the device plugin runs with min-dsmlu-unit=256). clusters/shares.py passes MiB.
+SLICE_MEMORY_UNIT_MIB = {"cambricon": 256}
 # Environment variables the backend sets itself: a job's own value for one of them is dropped.
 RESERVED_ENV = frozenset({"PORTAL_RDZV_HOST", "JOB_COMPLETION_INDEX"})
 
@@ -52,6 +66,7 @@ _TOKEN = re.compile(r"[a-z0-9]{1,40}")  # "pj-" + token stays a DNS-1035 label, 
 _JOB_NAME = re.compile(rf"{JOB_PREFIX}[a-z0-9]{{1,40}}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _RESOURCE = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?/[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
+_MIG_PROFILE = re.compile(r"[1-7]g\.[0-9]{1,4}gb")  # NVIDIA's <g>g.<memory>gb
 _IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,254}")
 _NOT_LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -136,12 +151,44 @@ def _managed(**extra: str) -> dict[str, str]:
 
 
 def _gpu_counts(limits: TenantLimits) -> dict[str, int]:
-    """Every known GPU resource and every granted one → GPUs granted (0 without a grant), so
-    that a grant taken away takes its GPUs away too."""
+    """Every known GPU resource and every granted one (whole devices, MIG instances, HAMi's
+    shared devices…) → units granted (0 without a grant), so that a grant taken away takes its
+    units away too; a granted resource that is not known here is kept at 0 by keep_revoked."""
     counts = dict.fromkeys(GPU_RESOURCES, 0)
-    for resource, gpus in limits.k8s_resources.items():
-        counts[check_resource(resource)] = _count(gpus, f"GPUs of {resource}", minimum=0)
+    for resource, units in limits.k8s_resources.items():
+        counts[check_resource(resource)] = _count(units, f"units of {resource}", minimum=0)
     return dict(sorted(counts.items()))
+
+
+def is_extended(name: str) -> bool:
+    """Whether `name` is an extended resource (a device plugin's, HAMi's): a domain of its own,
+    outside kubernetes.io, as Kubernetes tells them from its native resources."""
+    domain, slash, _name = name.partition("/")
+    native = domain == "kubernetes.io" or domain.endswith(".kubernetes.io")
+    return bool(slash) and not native and not name.startswith("requests.") and bool(_RESOURCE.fullmatch(name))
+
+
+def keep_revoked(desired: dict, current: dict) -> dict:
+    """`desired` (the tenant's ResourceQuota or LimitRange), with every extended resource that
+    the cluster's copy (`current`) bounds and `desired` no longer names kept at 0: Kubernetes'
+    quota leaves a resource it does not name unlimited, so a grant that ended (a MIG profile, a
+    slice resource) must leave a 0 behind, not a gap."""
+    kept = copy.deepcopy(desired)
+    if desired.get("kind") == "ResourceQuota":
+        hard = kept["spec"]["hard"]
+        for key in (current.get("spec") or {}).get("hard") or {}:
+            if key.startswith("requests.") and is_extended(key.removeprefix("requests.")) and key not in hard:
+                hard[key] = "0"
+    elif desired.get("kind") == "LimitRange":
+        (item,) = kept["spec"]["limits"]
+        for old in (current.get("spec") or {}).get("limits") or []:
+            if old.get("type") != "Container":
+                continue
+            for resource in old.get("max") or {}:
+                if is_extended(resource) and resource not in item["max"]:
+                    for field in ("max", "default", "defaultRequest"):
+                        item[field][resource] = "0"
+    return kept
 
 
 def namespace_manifest(limits: TenantLimits) -> dict:
@@ -262,6 +309,62 @@ def job_labels(spec: JobSpec) -> dict[str, str]:
     return labels
 
 
+def share_resources(spec: JobSpec) -> dict[str, str]:
+    """The extended resources of one pod of the job (its container requests and limits them
+    alike, as Kubernetes wants of extended resources), by the job's share: a whole device of the
+    model's resource, MIG instances `nvidia.com/mig-<profile>`, or one HAMi slice (a shared
+    device with its memory cap and compute percentage). Shards are Slurm's alone."""
+    resource = check_resource(spec.k8s_resource)
+    units = _count(spec.gpus_per_node, "GPUs per node")
+    if spec.vendor not in VENDORS:
+        raise BackendError(f"accelerator vendor {str(spec.vendor)[:40]!r} is not one of {', '.join(VENDORS)}")
+    if spec.share == ShareKind.SHARD:
+        raise BackendError(
+            "shards are Slurm's gres/shard: Kubernetes has no shard of a device; "
+            "ask for a slice (HAMi caps its memory and compute) or a MIG instance"
+        )
+    if spec.share not in SHARES:
+        raise BackendError(f"share {str(spec.share)[:40]!r} is not one of {', '.join(SHARES)}")
+    memory_mib = cores_pct = 0
+    if spec.share == ShareKind.MIG:
+        if spec.vendor != "nvidia":
+            raise BackendError(f"MIG instances are NVIDIA's: {spec.vendor} devices have none")
+        if not isinstance(spec.mig_profile, str) or not _MIG_PROFILE.fullmatch(spec.mig_profile):
+            raise BackendError(f"MIG profile {str(spec.mig_profile)[:40]!r} is not <g>g.<memory>gb (3g.71gb)")
+    elif spec.share == ShareKind.SLICE:
+        names = SLICE_RESOURCES.get(spec.vendor)
+        if names is None:
+            raise BackendError(f"{spec.vendor} devices have no shared slices on Kubernetes (HAMi)")
+        if units != 1:
+            raise BackendError(
+                f"a slice is one shared device per pod, not {units}: ask for more nodes, or whole devices"
+            )
+        memory_mib = _count(spec.gpu_memory_mib, "slice memory in MiB")
+        unit_mib = SLICE_MEMORY_UNIT_MIB.get(spec.vendor, 1)
+        if memory_mib % unit_mib:
+            raise BackendError(f"{spec.vendor} slices take memory in steps of {unit_mib} MiB: {memory_mib}")
+        if names.cores:
+            cores_pct = _count(spec.gpu_cores_pct, "slice compute percentage")
+            if cores_pct > 100:
+                raise BackendError(f"a slice's compute percentage is at most 100, not {cores_pct}")
+    try:
+        found = shares.k8s_pod_resources(
+            vendor=spec.vendor,
+            resource=resource,
+            kind=spec.share,
+            per_node=units,
+            mig_profile=spec.mig_profile,
+            memory_mib=memory_mib,
+            cores_pct=cores_pct,
+        )
+    except ValueError as exc:
+        raise BackendError(str(exc)) from exc
+    if spec.share == ShareKind.SLICE and spec.vendor in SLICE_MEMORY_UNIT_MIB:
+        memory_name = SLICE_RESOURCES[spec.vendor].memory.format(resource=resource)
+        found[memory_name] = memory_mib // SLICE_MEMORY_UNIT_MIB[spec.vendor]
+    return {check_resource(name): str(count) for name, count in found.items()}
+
+
 def rendezvous_host(namespace: str, name: str) -> str:
     """The DNS name of pod 0 of an Indexed Job whose pods have `subdomain` = the Job's name."""
     return f"{name}-0.{name}.{namespace}.svc"
@@ -274,6 +377,7 @@ def job_manifest(spec: JobSpec, config: ClusterConfig) -> dict:
     if spec.qos not in TIERS:
         raise BackendError(f"tier {spec.qos[:40]!r} is not one of {', '.join(TIERS)}")
     gpus = _count(spec.gpus_per_node, "GPUs per node")
+    devices = share_resources(spec)
     nodes = _count(spec.nodes, "node count")
     walltime = _count(spec.walltime_minutes, "walltime")
     cpus = _count(spec.cpus_per_gpu, "CPUs per GPU") * gpus
@@ -314,8 +418,8 @@ def job_manifest(spec: JobSpec, config: ClusterConfig) -> dict:
                 "workingDir": "/work",
                 "env": env,
                 "resources": {
-                    "requests": {"cpu": str(cpus), "memory": f"{memory}Mi", resource: str(gpus)},
-                    "limits": {"cpu": str(cpus), "memory": f"{memory}Mi", resource: str(gpus)},
+                    "requests": {"cpu": str(cpus), "memory": f"{memory}Mi", **devices},
+                    "limits": {"cpu": str(cpus), "memory": f"{memory}Mi", **devices},
                 },
                 "securityContext": {
                     "runAsNonRoot": True,
@@ -332,6 +436,8 @@ def job_manifest(spec: JobSpec, config: ClusterConfig) -> dict:
         ],
         "volumes": [{"name": "work", "emptyDir": {}}, {"name": "shm", "emptyDir": {"medium": "Memory"}}],
     }
+    if spec.share == ShareKind.SLICE:  # HAMi's scheduler places slices and enforces their caps
+        pod_spec["schedulerName"] = HAMI_SCHEDULER
     job_spec: dict[str, Any] = {
         "backoffLimit": 0,
         "activeDeadlineSeconds": walltime * 60,

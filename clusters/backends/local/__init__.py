@@ -2,7 +2,9 @@
 
 launch.py holds the wrapper that outlives the worker and decides what it runs, sandbox.py the
 bubblewrap sandbox a job runs in, records.py a job's records on disk, cleanup.py the scratch
-purge and log retention, gpus.py the GPU telemetry; backend.py ties them together.
+purge and log retention, devices.py the accelerators the vendors' tools list (MIG devices
+included), allocation.py what of them a job's share gets, gpus.py the GPU telemetry; backend.py
+ties them together.
 """
 
 from clusters.backends.local.backend import LocalBackend

@@ -2,7 +2,7 @@
 
 For a single shared GPU server and for the demo. Everything lives under config.state_dir:
 
-    alloc.json, alloc.lock   GPUs in use and the FIFO queue; changed only under flock(alloc.lock)
+    alloc.json, alloc.lock   devices in use and the FIFO queue; changed only under flock(alloc.lock)
     ids/<backend id>         the job's token, so that poll and cancel find its directory
     jobs/<token>/            the job's cwd: <token>.sh, <token>.out, and .portal/ with our records
     scratch/<account>/       the tenant's jobs' shared scratch, PORTAL_SCRATCH (or <scratch_root>/<account>)
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import os
 import re
 import shutil
@@ -40,13 +39,16 @@ from typing import Any
 from clusters.backends import base
 from clusters.backends.base import BackendError, ClusterConfig, Health, JobRef, JobSpec, JobStatus, LogTail
 from clusters.backends.local import cleanup, launch, sandbox
+from clusters.backends.local.allocation import Ask, device_env, devices_free, place, refusal
+from clusters.backends.local.devices import Device, Machine, discover
+from clusters.backends.local.devices import detect_gpus as detect_gpus  # where callers import it from
+from clusters.backends.local.devices import parse_nvidia_smi_list as parse_nvidia_smi_list
 from clusters.backends.local.records import alive, boot_id, read_json, start_ticks, write_json
 from clusters.backends.local.sandbox import Probe
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # a directory and file name: no "/", no ".."
 _BACKEND_ID = re.compile(r"^local-[0-9]{1,18}$")
-_SMI_GPU = re.compile(r"^GPU (\d+):.*\(UUID: (GPU-[0-9A-Fa-f-]+)\)$")
 _KILL_WAIT_S = 3.0
 _LOCK_TIMEOUT_S = 30.0
 _KILLED_BY = {
@@ -57,35 +59,6 @@ _KILLED_BY = {
 # Wrappers this process started, polled so that a long-lived worker keeps no zombies.
 _children: dict[int, subprocess.Popen] = {}
 _children_lock = threading.Lock()
-
-
-def parse_nvidia_smi_list(text: str) -> list[tuple[int, str]]:
-    """(index, UUID) of each GPU in `nvidia-smi -L` output; MIG devices and other lines are skipped."""
-    return [(int(m[1]), m[2]) for line in text.splitlines() if (m := _SMI_GPU.match(line.strip()))]
-
-
-def detect_gpus(nvidia_smi: str = "nvidia-smi") -> list[int]:
-    """Indexes of this machine's GPUs: NVML's count, or where NVML cannot start, `nvidia-smi -L`'s
-    GPUs; [] when neither is there (or nvidia-smi fails or hangs)."""
-    from clusters.backends.local.gpus import gpu_indexes_nvml  # the telemetry helper, kept apart
-
-    indexes = gpu_indexes_nvml()
-    if indexes is not None:
-        return indexes
-    path = shutil.which(nvidia_smi)
-    if path is None:
-        return []
-    try:
-        done = subprocess.run([path, "-L"], capture_output=True, text=True, timeout=15, check=True)  # noqa: S603
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [index for index, _ in parse_nvidia_smi_list(done.stdout)]
-
-
-@functools.cache
-def _machine_gpus(nvidia_smi: str) -> tuple[int, ...]:
-    # GPUs do not come and go while a worker lives: ask NVML (or nvidia-smi) once per process.
-    return tuple(detect_gpus(nvidia_smi))
 
 
 def _reap() -> None:
@@ -109,7 +82,8 @@ def _dt(timestamp: float | None) -> datetime | None:
 
 
 class LocalBackend(base.Backend):
-    """Runs jobs on this machine: a GPU is never shared by two jobs; waiting jobs start FIFO."""
+    """Runs jobs on this machine: a device is never shared by two jobs, except by slices whose caps
+    fit in it together; waiting jobs start FIFO (allocation.py)."""
 
     def __init__(
         self,
@@ -117,15 +91,22 @@ class LocalBackend(base.Backend):
         *,
         minute_s: float = 60.0,
         grace_s: float = 10.0,
-        nvidia_smi: str = "nvidia-smi",
+        nvidia_smi: str | None = None,
     ) -> None:
         """`minute_s`: how long a minute of walltime lasts, 60 in service; a test/speed knob that
-        tests set to about 1 so that a walltime passes quickly. `grace_s`: from SIGTERM to SIGKILL."""
+        tests set to about 1 so that a walltime passes quickly. `grace_s`: from SIGTERM to SIGKILL.
+        The devices: `local_gpus` whole NVIDIA GPUs where the cluster is configured with a count,
+        else what the vendors' tools list (devices.py; `nvidia_smi`, else the config's, for NVIDIA)."""
         self.config = config
         self.minute_s = minute_s
         self.grace_s = grace_s
         count = config.local_gpus
-        self.gpus: list[int] = list(range(count)) if count > 0 else list(_machine_gpus(nvidia_smi))
+        self.machine: Machine = (
+            Machine(tuple(Device("nvidia", index) for index in range(count)))
+            if count > 0
+            else discover(nvidia_smi or config.nvidia_smi)
+        )
+        self.gpus: list[int] = [device.index for device in self.machine.of("nvidia")]
         self.sandbox_config = sandbox.SandboxConfig(
             bwrap=config.local_sandbox_bwrap,
             network=config.local_sandbox_network,
@@ -146,13 +127,15 @@ class LocalBackend(base.Backend):
         return launch.probe(self.sandbox_config)
 
     def submit(self, spec: JobSpec) -> str:
-        """Accept the job and return "local-<n>": it starts at once if its GPUs are free, else it
-        waits (PENDING, Resources) for a later poll or submit, oldest first. A repeat with the same
-        token returns the first id."""
+        """Accept the job and return "local-<n>": it starts at once if its share is free (whole
+        devices, MIG devices of its profile, or room for its slice), else it waits (PENDING,
+        Resources) for a later poll or submit, oldest first. A share this machine can never give is
+        refused (BackendError, saying why). A repeat with the same token returns the first id."""
         if spec.nodes != 1:
             raise BackendError("the local cluster has one node")
-        if spec.gpus > len(self.gpus):
-            raise BackendError(f"the job asks for {spec.gpus} GPUs; the local cluster has {len(self.gpus)}")
+        ask = Ask.of_spec(spec)
+        if (why := refusal(ask, self.machine)) is not None:
+            raise BackendError(why)
         if not _TOKEN.match(spec.token):
             raise BackendError(f"invalid job token {spec.token!r}")
         cleanup.check_account(spec.account)  # it names a directory and, sandboxed as root, a uid
@@ -182,7 +165,7 @@ class LocalBackend(base.Backend):
                     dict(
                         id=backend_id,
                         token=spec.token,
-                        gpus=spec.gpus,
+                        **ask.record(),
                         walltime=spec.walltime_minutes,
                         account=spec.account,
                     )
@@ -287,12 +270,13 @@ class LocalBackend(base.Backend):
         return LogTail(lines=text, truncated=truncated)
 
     def inventory(self) -> list[base.PartitionInfo]:
-        """One partition, "local": this machine's GPUs and how many no job holds."""
+        """One partition, "local": this machine's devices and how many hold nothing (no whole job,
+        slice or MIG device in use), counted in devices."""
         with self._locked() as state:
             self._settle(state)
-        busy = {gpu for job in state["running"].values() for gpu in job["gpus"]}
-        free = len([gpu for gpu in self.gpus if gpu not in busy])
-        return [base.PartitionInfo("local", "local", len(self.gpus), 1, free, max_walltime_minutes=None)]
+        free = devices_free(self.machine, state["running"].values())
+        devices = len(self.machine.devices)
+        return [base.PartitionInfo("local", "local", devices, 1, free, max_walltime_minutes=None)]
 
     def apply_tenant(self, limits: base.TenantLimits) -> None:
         """Nothing to apply: on the local cluster the portal's own quota checks are the limits."""
@@ -311,7 +295,7 @@ class LocalBackend(base.Backend):
         except Exception as exc:
             return Health(healthy=False, detail=f"state directory not writable: {exc}")
         return Health(
-            healthy=True, detail=f"{len(self.gpus)} GPUs; state in {root}; {self.sandbox_summary()}"
+            healthy=True, detail=f"{self.machine.summary()}; state in {root}; {self.sandbox_summary()}"
         )
 
     def sandbox_summary(self) -> str:
@@ -425,36 +409,50 @@ class LocalBackend(base.Backend):
         write_json(self._root / "alloc.json", state)
 
     def _settle(self, state: dict[str, Any]) -> None:
-        """Under the lock: release the GPUs of ended jobs, then start waiting jobs that fit, strictly
-        in order, so that a big job is not starved by small ones behind it."""
+        """Under the lock: release the devices of ended jobs, then start waiting jobs that fit, in
+        order within each pool (Ask.pool: a vendor's devices, or one MIG profile's devices), so that
+        a big job is not starved by small ones behind it, nor held up by one that waits for other
+        devices."""
         for backend_id, job in list(state["running"].items()):
             if self._end_record(self._job_dir(job["token"]) / ".portal") is not None:
                 del state["running"][backend_id]
-        busy = {gpu for job in state["running"].values() for gpu in job["gpus"]}
-        free = [gpu for gpu in self.gpus if gpu not in busy]
-        while state["queue"]:
-            job = state["queue"][0]
+        # A waiting job that has a process record was started just before a crash that lost the
+        # saved state: it holds its devices before any other job is placed.
+        for job in list(state["queue"]):
             meta = self._job_dir(job["token"]) / ".portal"
-            proc = read_json(meta / "proc.json")
+            started = meta.is_dir() and not (meta / "end.json").exists() and read_json(meta / "proc.json")
+            if started:
+                state["queue"].remove(job)
+                self._running(state, job, started)
+        waiting: set[tuple[str, str]] = set()  # the pools whose first job waits
+        running = state["running"].values()  # a view: it sees each job started below
+        for job in list(state["queue"]):
+            ask = Ask.of_record(job)
+            meta = self._job_dir(job["token"]) / ".portal"
+            proc = None
             if not meta.is_dir() or (meta / "end.json").exists():
-                proc = None
-            elif proc is not None:  # started just before a crash that lost the saved state
-                free = [gpu for gpu in free if gpu not in proc["gpus"]]
-            elif job["gpus"] > len(self.gpus):  # the configured GPU count shrank since submit
-                _finish(meta, base.JobState.REJECTED, "REJECTED", "asks for more GPUs than the cluster has")
-            elif job["gpus"] > len(free):
-                break
+                pass
+            elif (why := refusal(ask, self.machine)) is not None:  # the machine changed since submit
+                _finish(meta, base.JobState.REJECTED, "REJECTED", why)
+            elif ask.pool in waiting or (grant := place(ask, self.machine, running)) is None:
+                waiting.add(ask.pool)
+                continue
             else:
-                proc = self._start(job["id"], job["token"], free[: job["gpus"]], state.setdefault("uids", {}))
-                free = free[job["gpus"] :]
-            state["queue"].pop(0)
+                proc = self._start(job["id"], job["token"], ask, grant, state.setdefault("uids", {}))
+            state["queue"].remove(job)
             if proc is not None:
-                state["running"][job["id"]] = {**job, "gpus": proc["gpus"], "started_at": proc["started_at"]}
+                self._running(state, job, proc)
+
+    @staticmethod
+    def _running(state: dict[str, Any], job: dict[str, Any], proc: dict[str, Any]) -> None:
+        held = {key: proc[key] for key in ("gpus", "mig") if key in proc}  # what allocation.place gave
+        state["running"][job["id"]] = {**job, **held, "started_at": proc["started_at"]}
 
     def _start(
-        self, backend_id: str, token: str, gpus: list[int], uids: dict[str, int]
+        self, backend_id: str, token: str, ask: Ask, grant: dict[str, list], uids: dict[str, int]
     ) -> dict[str, Any] | None:
-        """Under the lock: start the job's wrapper, in the sandbox where one can be made."""
+        """Under the lock: start the job's wrapper on its devices (`grant`: allocation.place), in
+        the sandbox where one can be made."""
         job_dir = self._job_dir(token)
         meta = job_dir / ".portal"
         record = read_json(meta / "job.json")
@@ -463,7 +461,7 @@ class LocalBackend(base.Backend):
                 backend_id=backend_id,
                 token=token,
                 record=record,
-                gpus=gpus,
+                devices_env=device_env(ask, grant),
                 job_dir=job_dir,
                 scratch_dir=self._scratch_dir(record["account"]) if record.get("account") else None,
                 sandbox_config=self.sandbox_config if self.sandbox.ok else None,
@@ -492,7 +490,7 @@ class LocalBackend(base.Backend):
         with _children_lock:
             _children[child.pid] = child
         proc = {"pid": child.pid, "pgid": child.pid, "start_ticks": start_ticks(child.pid)}
-        proc |= {"boot_id": boot_id(), "started_at": time.time(), "gpus": gpus}
+        proc |= {"boot_id": boot_id(), "started_at": time.time(), **grant}
         write_json(meta / "proc.json", proc)
         return proc
 
@@ -578,12 +576,19 @@ class LocalBackend(base.Backend):
     def gpu_utilization(self, backend_ids: list[str]) -> dict[str, base.GpuSample]:
         """The GPUs of each running job, from one reading of this machine's GPUs (NVML, else
         nvidia-smi: gpus.py): a job holds the GPU indexes it was started with (its
-        CUDA_VISIBLE_DEVICES, in PCI bus order). {} when none of these jobs runs or there is
-        neither; a job with a GPU that was not reported is left out; BackendUnavailable when
-        nvidia-smi hangs or NVML fails."""
+        CUDA_VISIBLE_DEVICES, in PCI bus order); a slice's reading is its whole GPU's. {} when
+        none of these jobs runs or there is neither; a job with a GPU that was not reported is left
+        out, and so are MIG jobs (a GPU in MIG mode reports no utilization of its own) and other
+        vendors' jobs; BackendUnavailable when nvidia-smi hangs or NVML fails."""
         from clusters.backends.local.gpus import job_samples  # the telemetry helper, kept apart
 
         # Read without the lock: write_json replaces alloc.json whole, and nothing here changes it.
         running = (read_json(self._root / "alloc.json") or {}).get("running", {})
-        held = {bid: running[bid]["gpus"] for bid in backend_ids if bid in running}
+        held = {
+            bid: running[bid]["gpus"]
+            for bid in backend_ids
+            if bid in running
+            and running[bid].get("vendor", "nvidia") == "nvidia"
+            and running[bid].get("share") != "mig"
+        }
         return job_samples(held, self.config.nvidia_smi)

@@ -101,7 +101,7 @@ def launch(
     backend_id: str,
     token: str,
     record: dict[str, Any],
-    gpus: list[int],
+    devices_env: dict[str, str],
     job_dir: Path,
     scratch_dir: Path | None,
     sandbox_config: sandbox.SandboxConfig | None,
@@ -110,7 +110,8 @@ def launch(
     """What the wrapper runs (launch.json): argv, environment, and the descriptors it opens for
     bwrap. Sandboxed (`sandbox_config` given), the job sees its directory as /job and its tenant's
     scratch as /scratch and inherits of the worker's environment only its locale and library
-    path; as root it runs as its tenant's uid (given once into `uids`, the allocation state)."""
+    path; as root it runs as its tenant's uid (given once into `uids`, the allocation state).
+    `devices_env` pins it to its devices (allocation.device_env) and wins over the job's own env."""
     meta = job_dir / ".portal"
     account = record.get("account", "")
     if sandbox_config is not None:
@@ -137,8 +138,7 @@ def launch(
             scratch_dir = None
     else:
         scratch_dir = None
-    # nvidia-smi numbers GPUs in PCI bus order, CUDA by default fastest first.
-    env |= {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+    env |= devices_env
     if sandbox_config is None:
         argv = ["/bin/bash", str(job_dir / f"{token}.sh")]
         return {"argv": argv, "env": env, "stage": [], "sandboxed": False, "uid": None}

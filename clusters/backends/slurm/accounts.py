@@ -40,7 +40,8 @@ def apply_tenant(backend: SlurmBackend, limits: TenantLimits) -> None:
     )
 
     _ensure_tiers(backend, qos)
-    grp_tres = _grp_tres(backend, limits.gpus_by_type)
+    check_count(limits.shards, "shard count", minimum=0)
+    grp_tres = _grp_tres(backend, limits.gpus_by_type, limits.shards)
     settings = [
         "GrpTRES=" + ",".join(f"{name}={value}" for name, value in grp_tres.items()),
         f"GrpTRESMins=gres/gpu={limits.gpu_minutes}",
@@ -140,20 +141,22 @@ def _ensure_tiers(backend: SlurmBackend, qos: str) -> None:
         )
 
 
-def _grp_tres(backend: SlurmBackend, gpus_by_type: dict[str, int]) -> dict[str, int]:
-    """gres/gpu=<sum> and gres/gpu:<type>=<n> for every GPU type Slurm tracks, 0 for types
-    without a grant, so that a grant taken away takes its GPUs away too."""
+def _grp_tres(backend: SlurmBackend, gpus_by_type: dict[str, int], shards: int = 0) -> dict[str, int]:
+    """gres/gpu=<sum> and gres/gpu:<type>=<n> for every GPU type Slurm tracks (a MIG profile is a
+    type: gres/gpu:3g.71gb), 0 for types without a grant, so that a grant taken away takes its
+    GPUs away too; gres/shard=<n> where Slurm tracks shards."""
     rows = backend.check(["sacctmgr", "-P", "-n", "show", "tres", "format=Type,Name"])
-    tracked = sorted(
-        name.removeprefix("gpu:")
-        for kind, _bar, name in (row.partition("|") for row in rows.splitlines())
-        if kind == "gres" and name.startswith("gpu:")
-    )
+    names = [name for kind, _bar, name in (row.partition("|") for row in rows.splitlines()) if kind == "gres"]
+    tracked = sorted(name.removeprefix("gpu:") for name in names if name.startswith("gpu:"))
     if untracked := sorted(set(gpus_by_type) - set(tracked)):
         raise BackendError(
             f"GPU type(s) {', '.join(untracked)} not tracked by Slurm: add gres/gpu:TYPE to "
             "AccountingStorageTRES in slurm.conf"
         )
+    if shards and "shard" not in names:
+        raise BackendError("Shards untracked by Slurm: add gres/shard to slurm.conf's AccountingStorageTRES")
     limits = {"gres/gpu": sum(gpus_by_type.values())}
     limits.update({f"gres/gpu:{gpu_type}": gpus_by_type.get(gpu_type, 0) for gpu_type in tracked})
+    if "shard" in names:
+        limits["gres/shard"] = shards
     return limits

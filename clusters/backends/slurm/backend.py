@@ -44,6 +44,7 @@ from clusters.backends.slurm.parse import (
     slurm_time,
     wait_status_exit_code,
 )
+from clusters.shares import ShareKind, slurm_gres
 
 # Ids per squeue and per sacct: 10,000 ids of 8 digits make a command line of 90 kB, below the
 # 128 kB that Linux allows the one argument (`$SHELL -c <command>`) through which sshd runs it.
@@ -213,6 +214,10 @@ class SlurmBackend(base.Backend):
         for value, what in ((spec.account, "account"), (spec.qos, "QOS"), (spec.partition, "partition")):
             check_name(value, what)
         check_name(spec.gpu_type, "GPU type")  # typed always: an untyped request slips past typed limits
+        if spec.share not in (ShareKind.WHOLE, ShareKind.MIG, ShareKind.SHARD):
+            raise BackendError(f"Slurm gives whole GPUs, MIG instances and shards, not a {spec.share}")
+        if spec.share == ShareKind.MIG:
+            check_name(spec.mig_profile, "MIG profile")  # a typed GRES, as AutoDetect=nvml names it
         for value, what in (
             (spec.gpus_per_node, "GPUs per node"),
             (spec.nodes, "node count"),
@@ -230,11 +235,10 @@ class SlurmBackend(base.Backend):
             f"--account={spec.account}",
             f"--qos={spec.qos}",
             f"--partition={spec.partition}",
-            f"--gres=gpu:{spec.gpu_type}:{spec.gpus_per_node}",
+            "--gres=" + _gres(spec),
             f"--nodes={spec.nodes}",
             f"--time={spec.walltime_minutes}",
-            f"--cpus-per-gpu={spec.cpus_per_gpu}",
-            f"--mem-per-gpu={spec.mem_per_gpu_mb}M",
+            *_cpus_and_memory(spec),
             f"--comment={spec.token}",
             f"--output={output}",
             f"--error={output}",
@@ -574,3 +578,20 @@ def _merge(job_id: str, live: _Record | None, accounted: _Record | None) -> JobS
 def _ended(record: _Record) -> bool:
     words = record.raw_state.split()
     return bool(words) and words[0].rstrip("+") in SLURM_END_STATES
+
+
+def _gres(spec: JobSpec) -> str:
+    kind, per_node = spec.share, spec.gpus_per_node
+    return slurm_gres(kind=kind, gpu_type=spec.gpu_type, mig_profile=spec.mig_profile, per_node=per_node)
+
+
+def _cpus_and_memory(spec: JobSpec) -> list[str]:
+    """CPUs and memory per unit: per GPU for whole GPUs and MIG instances (typed gres/gpu); for
+    shards, which are no gres/gpu, per node (sbatch refuses --cpus-per-gpu without a GPU)."""
+    if spec.share == ShareKind.SHARD:
+        return [
+            "--ntasks-per-node=1",
+            f"--cpus-per-task={spec.cpus_per_gpu * spec.gpus_per_node}",
+            f"--mem={spec.mem_per_gpu_mb * spec.gpus_per_node}M",
+        ]
+    return [f"--cpus-per-gpu={spec.cpus_per_gpu}", f"--mem-per-gpu={spec.mem_per_gpu_mb}M"]

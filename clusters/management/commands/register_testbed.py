@@ -6,6 +6,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from clusters.models import Cluster, ClusterKind, GpuModel, JobIdentity, Partition
+from clusters.shares import ShareKind
 
 # The testbed's GRES types and the catalog models they stand for.
 GRES_MODELS = {"h100": "h100-80gb", "a100": "a100-80gb"}
@@ -58,6 +59,23 @@ class Command(BaseCommand):
                     # The testbed's one node is a 2-core VM that declares 16 CPUs.
                     "max_cpus_per_gpu": 1,
                     "max_mem_per_gpu_mb": 1000,
+                },
+            )
+        if share_partition := env.get("SLURM_TESTBED_SHARE_PARTITION"):
+            # the node whose H200s are shared: whole, as MIG instances (typed GRES), as shards
+            Partition.objects.update_or_create(
+                cluster=cluster,
+                name=share_partition,
+                defaults={
+                    "gpu_model": GpuModel.objects.get(slug="h200"),
+                    "gpus_per_node": 2,
+                    "nodes": 1,
+                    "max_walltime_minutes": 24 * 60,
+                    "max_cpus_per_gpu": 1,
+                    "max_mem_per_gpu_mb": 1000,
+                    "share_kinds": [ShareKind.WHOLE, ShareKind.MIG, ShareKind.SHARD],
+                    "mig_profiles": ["3g.71gb", "1g.18gb"],
+                    "shards_per_gpu": int(env["SLURM_TESTBED_SHARDS_PER_GPU"]),
                 },
             )
         self.stdout.write(f"cluster testbed: {cluster.ssh_user}@{cluster.ssh_host}:{cluster.ssh_port}")
