@@ -328,6 +328,8 @@ class Partition(models.Model):
         errors = {}
         kinds = self.share_kinds if isinstance(self.share_kinds, list) else None
         possible = set(self.gpu_model.share_kinds) & set(KINDS_BY_CLUSTER.get(self.cluster.kind, ()))
+        if self.cluster.kind == ClusterKind.LOCAL and self.gpu_model.vendor not in shares.LOCAL_SLICE_VENDORS:
+            possible.discard(ShareKind.SLICE)
         if not kinds or not set(kinds) <= possible:
             errors["share_kinds"] = _("%(model)s on a %(kind)s cluster offers: %(kinds)s.") % {
                 "model": self.gpu_model.name,
@@ -384,10 +386,16 @@ def share_check(
     elif share.mig_profile:
         errors["mig_profile"] = _("Only a MIG share names a profile.")
     if kind == ShareKind.SLICE:
+        step = shares.slice_memory_unit_mib(gpu_model.vendor)
         if not 1 <= share.memory_mib <= gpu_model.memory_mib:
             errors["gpu_memory_mib"] = _("A slice of %(model)s holds 1 to %(max)s MiB.") % {
                 "model": gpu_model.name,
                 "max": gpu_model.memory_mib,
+            }
+        elif share.memory_mib % step:
+            errors["gpu_memory_mib"] = _("A slice of %(model)s takes memory in steps of %(step)s MiB.") % {
+                "model": gpu_model.name,
+                "step": step,
             }
         if not 1 <= share.cores_pct <= 100:
             errors["gpu_cores_pct"] = _("A slice has 1 to 100 percent of the device's compute.")

@@ -17,7 +17,7 @@ class MigProfileOut(serializers.Serializer):
         max_digits=5,
         decimal_places=4,
         coerce_to_string=False,
-        help_text="What one instance counts of the device in GPU-hours: max(compute/7, memory/8), rounded down",
+        help_text="What one instance counts of a device in GPU-hours: max(compute/7, memory/8), rounded down",
     )
 
 
@@ -31,7 +31,7 @@ class GpuModelOut(serializers.ModelSerializer):
 
     @extend_schema_field(MigProfileOut(many=True))
     def get_mig_profiles(self, gpu: GpuModel) -> list[dict]:
-        return [profile.as_dict() for profile in shares.mig_profiles(gpu.mig_profiles)]
+        return MigProfileOut(shares.mig_profiles(gpu.mig_profiles), many=True).data
 
     def get_sources(self, gpu: GpuModel) -> list[str]:
         return [line for line in gpu.sources.splitlines() if line.strip()]

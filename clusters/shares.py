@@ -41,8 +41,8 @@ class ShareKind(models.TextChoices):
 
 
 # Where each kind of share can be given: MIG needs the device plugin's mixed strategy or
-# AutoDetect=nvml's typed GRES; slices need HAMi (Kubernetes) or the local memory cap; shards are
-# Slurm's alone.
+# AutoDetect=nvml's typed GRES; slices need HAMi (Kubernetes) or the local memory cap (NVIDIA's
+# alone there, LOCAL_SLICE_VENDORS: HAMi-core, which enforces it, hooks CUDA); shards are Slurm's.
 KINDS_BY_CLUSTER = {
     "slurm": (ShareKind.WHOLE, ShareKind.MIG, ShareKind.SHARD),
     "kubernetes": (ShareKind.WHOLE, ShareKind.MIG, ShareKind.SLICE),
@@ -78,16 +78,6 @@ class MigProfile:
         (m/8) parts, since an instance blocks both; 7g is the whole device."""
         return rounded(max(Decimal(self.compute_slices) / 7, Decimal(self.memory_slices) / 8))
 
-    def as_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "compute_slices": self.compute_slices,
-            "memory_slices": self.memory_slices,
-            "memory_gb": self.memory_gb,
-            "instances_max": self.instances_max,
-            "fraction": str(self.fraction),
-        }
-
 
 def mig_profiles(rows: list[dict]) -> list[MigProfile]:
     """A GPU model's `mig_profiles` (the catalog's JSON) as MigProfiles."""
@@ -107,6 +97,16 @@ def device_memory_mib(memory_gb: int) -> int:
     """A device's memory in MiB as the portal counts a slice's cap against it: the catalog's
     figure taken as GiB (an H200's 141 GB is 144,384 MiB)."""
     return memory_gb * 1024
+
+
+def slice_memory_unit_mib(vendor: str) -> int:
+    """The step a slice's memory cap goes in for the vendor's devices (1 MiB unless HAMi counts
+    them coarser)."""
+    names = SLICE_RESOURCES.get(vendor)
+    return names.memory_unit_mib if names is not None else 1
+
+
+LOCAL_SLICE_VENDORS = ("nvidia",)
 
 
 def slice_fraction(*, memory_mib: int, cores_pct: int, memory_gb: int) -> Decimal:
@@ -164,12 +164,18 @@ class SliceResources:
     count: str
     memory: str
     cores: str = ""
+    memory_unit_mib: int = 1  # what one unit of the memory resource is, in MiB
 
 
 SLICE_RESOURCES = {
     "nvidia": SliceResources("nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores"),
+    # HAMi counts Cambricon's vmemory in 256 MiB (pkg/device/cambricon/device.go, MemoryFactor; its
+    # device plugin runs with min-dsmlu-unit=256): a slice's cap is a multiple of that.
     "cambricon": SliceResources(
-        "cambricon.com/vmlu", "cambricon.com/mlu.smlu.vmemory", "cambricon.com/mlu.smlu.vcore"
+        "cambricon.com/vmlu",
+        "cambricon.com/mlu.smlu.vmemory",
+        "cambricon.com/mlu.smlu.vcore",
+        memory_unit_mib=256,
     ),
     "hygon": SliceResources("hygon.com/dcunum", "hygon.com/dcumem", "hygon.com/dcucores"),
     "huawei": SliceResources("", "{resource}-memory"),
@@ -197,7 +203,8 @@ def k8s_pod_resources(
         names = SLICE_RESOURCES.get(vendor)
         if names is None:
             raise ValueError(f"{vendor} devices have no shared slices on Kubernetes")
-        found = {names.count or resource: 1, names.memory.format(resource=resource): memory_mib}
+        memory = memory_mib // names.memory_unit_mib
+        found = {names.count or resource: 1, names.memory.format(resource=resource): memory}
         if names.cores:
             found[names.cores] = cores_pct
         return found
@@ -222,6 +229,8 @@ def k8s_quota_resources(
 # --- Which variables pin a local job to its devices
 
 
+# The first variable of each gets the devices' physical indexes; any after it their positions
+# among those (HIP numbers only the devices that ROCr exposes).
 VISIBLE_DEVICES = {
     "nvidia": ("CUDA_VISIBLE_DEVICES",),
     "amd": ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"),

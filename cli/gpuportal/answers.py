@@ -125,6 +125,11 @@ class Job(TypedDict):
     gpu_model: str
     gpus: int
     nodes: int
+    share: str
+    mig_profile: str
+    gpu_memory_mib: int
+    gpu_cores_pct: int
+    device_fraction: float
     walltime_minutes: int
     priority: str
     state: str

@@ -26,6 +26,7 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 ENV_FORBIDDEN = {"CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "LD_LIBRARY_PATH", "PATH", "HOME"}
 ENV_FORBIDDEN_PREFIXES = ("SLURM_", "PORTAL_")
 PRIORITIES = ("low", "normal", "high")
+SHARES = ("whole", "mig", "slice", "shard")  # what each of `gpus` is (docs/api.md, Shares of a GPU)
 SCRIPT_MAX_BYTES = 64 * 1024
 ENV_MAX = 64
 ENV_VALUE_MAX = 4096
@@ -37,6 +38,10 @@ FIELDS: dict[str, tuple[str, Any]] = {
     "gpu_model": ("slug", None),
     "gpus": ("int", (1, 4096)),
     "nodes": ("int", (1, 512)),
+    "share": ("choice", SHARES),
+    "mig_profile": ("text", 32),
+    "gpu_memory_mib": ("int", (0, 1 << 24)),
+    "gpu_cores_pct": ("int", (0, 100)),
     "walltime_minutes": ("int", (1, 4320)),
     "name": ("name", None),
     "priority": ("choice", PRIORITIES),

@@ -82,7 +82,7 @@ def _finish(partition_id: int, ends: dict[int, tuple[JobStatus | None, str]]) ->
             job.finished_at = (ended_at if status else None) or now  # as its end event says
             elapsed_s = (job.finished_at - job.started_at).total_seconds() if job.started_at else 0.0
             # device-equivalent: units × what each counts of a device (clusters/shares.py)
-            hours = Decimal(max(0.0, elapsed_s) / 3600) * job.gpus * job.device_fraction
+            hours = Decimal(str(max(0.0, elapsed_s))) / 3600 * job.gpus * job.device_fraction
             job.gpu_hours = hours.quantize(Decimal("0.0001"))
             grant = settle[job.grant_id]
             grant[0] += job.reserved_gpu_hours

@@ -34,6 +34,23 @@ from gpuportal.sse import StreamEvent
 # --- jobs ------------------------------------------------------------------------------------------
 
 
+def share_text(job: dict[str, Any]) -> str:
+    """What each of the job's GPUs is: a whole device, or a share of one and its fraction."""
+    share = job.get("share", "whole")
+    if share == "mig":
+        text = f"MIG {job.get('mig_profile', '')}"
+    elif share == "slice":
+        mib, pct = job.get("gpu_memory_mib"), job.get("gpu_cores_pct")
+        text = _("slice {mib} MiB / {pct}%").format(mib=mib, pct=pct)
+    elif share == "shard":
+        text = _("shard (no isolation)")
+    else:
+        return _("whole device")
+    return _("{share}, {fraction} of a device").format(
+        share=text, fraction=output.number(job.get("device_fraction"), 4)
+    )
+
+
 def print_job(job: dict[str, Any], *, script: bool = False) -> None:
     pairs = [
         (_("ID"), job["id"]),
@@ -44,6 +61,7 @@ def print_job(job: dict[str, Any], *, script: bool = False) -> None:
         (_("Scenario"), job["scenario"]),
         (_("GPU model"), job["gpu_model"]),
         (_("GPUs"), job["gpus"]),
+        (_("Share"), share_text(job)),
         (_("Nodes"), job.get("nodes", 1)),
         (_("Walltime (min)"), job["walltime_minutes"]),
         (_("Priority"), job.get("priority", "")),

@@ -54,10 +54,6 @@ GPU_RESOURCES = {
 # The accelerator vendors a job may name (JobSpec.vendor), and the shares Kubernetes can give.
 VENDORS = tuple(shares.VISIBLE_DEVICES)
 SHARES = tuple(shares.KINDS_BY_CLUSTER["kubernetes"])
-# A slice's memory cap in the unit of the vendor's memory resource, where that is not MiB: HAMi
-# counts Cambricon's cambricon.com/mlu.smlu.vmemory in 256 MiB (pkg/device/cambricon/device.go,
-# MemoryFactor; the device plugin runs with min-dsmlu-unit=256). clusters/shares.py passes MiB.
-SLICE_MEMORY_UNIT_MIB = {"cambricon": 256}
 # Environment variables the backend sets itself: a job's own value for one of them is dropped.
 RESERVED_ENV = frozenset({"PORTAL_RDZV_HOST", "JOB_COMPLETION_INDEX"})
 
@@ -340,7 +336,7 @@ def share_resources(spec: JobSpec) -> dict[str, str]:
                 f"a slice is one shared device per pod, not {units}: ask for more nodes, or whole devices"
             )
         memory_mib = _count(spec.gpu_memory_mib, "slice memory in MiB")
-        unit_mib = SLICE_MEMORY_UNIT_MIB.get(spec.vendor, 1)
+        unit_mib = names.memory_unit_mib
         if memory_mib % unit_mib:
             raise BackendError(f"{spec.vendor} slices take memory in steps of {unit_mib} MiB: {memory_mib}")
         if names.cores:
@@ -359,9 +355,6 @@ def share_resources(spec: JobSpec) -> dict[str, str]:
         )
     except ValueError as exc:
         raise BackendError(str(exc)) from exc
-    if spec.share == ShareKind.SLICE and spec.vendor in SLICE_MEMORY_UNIT_MIB:
-        memory_name = SLICE_RESOURCES[spec.vendor].memory.format(resource=resource)
-        found[memory_name] = memory_mib // SLICE_MEMORY_UNIT_MIB[spec.vendor]
     return {check_resource(name): str(count) for name, count in found.items()}
 
 
