@@ -84,6 +84,9 @@ name = os.path.basename(sys.argv[0])
 args = sys.argv[1:]
 with open(os.environ["FAKE_LOG"], "a") as log:
     log.write(json.dumps([name, *args]) + "\\n")
+# The environment the real tool would start with (and hand its workers).
+with open(os.environ["FAKE_ENV_LOG"], "a") as log:
+    log.write(json.dumps([name, dict(os.environ)]) + "\\n")
 if name == "scontrol" and args[:2] == ["show", "hostnames"]:
     print("node-a\\nnode-b\\nnode-c")
 elif name in ("srun", "mpirun"):
@@ -119,10 +122,13 @@ def make_fakebin(tmp_path: Path) -> Path:
 
 
 def run_script(script: str, tmp_path: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None):
-    """Run the script with bash, only the fakes on PATH; the completed process and the calls made."""
+    """Run the script with bash, only the fakes on PATH; the completed process and the calls made
+    (each call's environment: environments_of)."""
     fakebin = make_fakebin(tmp_path)
     log = tmp_path / "calls.jsonl"
     log.write_text("")
+    env_log = tmp_path / "environments.jsonl"
+    env_log.write_text("")
     path = tmp_path / "job.sh"
     path.write_text(script)
     work = cwd or tmp_path / "work"
@@ -130,7 +136,13 @@ def run_script(script: str, tmp_path: Path, *, env: dict[str, str] | None = None
     done = subprocess.run(
         ["/bin/bash", str(path)],
         cwd=work,
-        env={"PATH": str(fakebin), "FAKE_LOG": str(log), "OMP_NUM_THREADS": "4", **(env or {})},
+        env={
+            "PATH": str(fakebin),
+            "FAKE_LOG": str(log),
+            "FAKE_ENV_LOG": str(env_log),
+            "OMP_NUM_THREADS": "4",
+            **(env or {}),
+        },
         capture_output=True,
         text=True,
         timeout=60,
@@ -143,9 +155,19 @@ def calls_of(calls, name):
     return [call[1:] for call in calls if call[0] == name]
 
 
-def invalid(slug, params, *, nodes=1, gpus_per_node=4, backend_kind="slurm") -> dict[str, list[str]]:
+def environments_of(tmp_path: Path, name: str) -> list[dict[str, str]]:
+    """The environment of each call of the fake tool `name` in the last run_script."""
+    rows = [json.loads(line) for line in (tmp_path / "environments.jsonl").read_text().splitlines()]
+    return [environ for tool, environ in rows if tool == name]
+
+
+def invalid(
+    slug, params, *, nodes=1, gpus_per_node=4, backend_kind="slurm", vendor="nvidia"
+) -> dict[str, list[str]]:
     with pytest.raises(TemplateInvalid) as raised:
-        render_template(slug, params, nodes=nodes, gpus_per_node=gpus_per_node, backend_kind=backend_kind)
+        render_template(
+            slug, params, nodes=nodes, gpus_per_node=gpus_per_node, backend_kind=backend_kind, vendor=vendor
+        )
     return raised.value.errors
 
 

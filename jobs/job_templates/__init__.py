@@ -14,6 +14,11 @@ Contract with the backends for several nodes:
   of the pod with index 0 (Job `subdomain` + a headless Service); Kubernetes sets
   JOB_COMPLETION_INDEX. MPI templates run on one pod only.
 - local: one machine; one node only.
+
+The accelerator's vendor (GpuModel.vendor) picks what differs between devices: torch.distributed's
+backend and the collective library's variables (ai.py), and whether a tool has a build for the
+devices at all (md.py's GROMACS and LAMMPS have none for Huawei Ascend or Cambricon). The backend
+pins the job to its devices with the vendor's own variables (clusters.shares.VISIBLE_DEVICES).
 """
 
 from __future__ import annotations
@@ -21,11 +26,19 @@ from __future__ import annotations
 from typing import Any
 
 from .ai import HOROVOD, PYTHON, TORCHRUN
-from .base import BACKEND_KINDS, JobTemplate, TemplateInvalid
+from .base import BACKEND_KINDS, VENDORS, JobTemplate, TemplateInvalid
 from .cfd import OPENFOAM
 from .md import GROMACS, LAMMPS
 
-__all__ = ["BACKEND_KINDS", "TEMPLATES", "JobTemplate", "TemplateInvalid", "render_template", "templates_for"]
+__all__ = [
+    "BACKEND_KINDS",
+    "TEMPLATES",
+    "VENDORS",
+    "JobTemplate",
+    "TemplateInvalid",
+    "render_template",
+    "templates_for",
+]
 
 TEMPLATES: dict[str, JobTemplate] = {
     template.slug: template for template in (PYTHON, TORCHRUN, HOROVOD, GROMACS, LAMMPS, OPENFOAM)
@@ -37,12 +50,17 @@ def templates_for(scenario: str) -> list[JobTemplate]:
     return [template for template in TEMPLATES.values() if template.scenario == scenario]
 
 
-def render_template(slug: str, params: Any, *, nodes: int, gpus_per_node: int, backend_kind: str) -> str:
-    """The batch script of template `slug`; raises TemplateInvalid (keys `template`, `nodes`,
-    `gpus_per_node`, `parameters.<name>`) on anything it cannot render."""
+def render_template(
+    slug: str, params: Any, *, nodes: int, gpus_per_node: int, backend_kind: str, vendor: str = "nvidia"
+) -> str:
+    """The batch script of template `slug` for `vendor`'s devices; raises TemplateInvalid (keys
+    `template`, `nodes`, `gpus_per_node`, `gpu_model`, `parameters.<name>`) on anything it cannot
+    render."""
     template = TEMPLATES.get(slug)
     if template is None:
         raise TemplateInvalid(
             {"template": [f"No template {str(slug)[:64]!r}. Templates: {', '.join(TEMPLATES)}."]}
         )
-    return template.render(params=params, nodes=nodes, gpus_per_node=gpus_per_node, backend_kind=backend_kind)
+    return template.render(
+        params=params, nodes=nodes, gpus_per_node=gpus_per_node, backend_kind=backend_kind, vendor=vendor
+    )

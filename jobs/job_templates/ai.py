@@ -1,7 +1,12 @@
 """ai-training: a plain Python script, torchrun (PyTorch elastic) and Horovod.
 
 NCCL settings (NCCL_SOCKET_IFNAME, NCCL_IB_DISABLE, …) are the scenario's env, which the backend
-exports before these lines; the templates do not repeat them.
+exports before these lines; the templates do not repeat them. What torchrun's workers need beyond
+them differs by the accelerator's vendor (collective_lines): the name of torch.distributed's
+backend, exported as PORTAL_DIST_BACKEND for the training script's
+`init_process_group(backend=os.environ["PORTAL_DIST_BACKEND"])`, and the collective library's own
+variables. Every variable the template sets is a default (`${NAME:-value}`): the job's env, or the
+scenario's, overrides it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,107 @@ def _program(values: dict[str, Any]) -> str:
     return " ".join(q(part) for part in [values["script"], *values["args"]])
 
 
+# torch.distributed's backend on each vendor's devices.
+DIST_BACKENDS = {
+    "nvidia": "nccl",
+    # PyTorch's ROCm builds run the "nccl" backend on RCCL, AMD's drop-in NCCL, with no code change
+    # (https://www.kubeflow.org/docs/components/trainer/user-guides/pytorch-rocm/). Hygon's DCU
+    # toolkit (DTK) is built on ROCm and ships RCCL; Hygon's own documentation was not reachable
+    # when this was written, so AMD's is followed for it.
+    "amd": "nccl",
+    "hygon": "nccl",
+    # torch_npu's process group over HCCL: init_process_group(backend="hccl") (Ascend Extension for
+    # PyTorch, https://www.hiascend.com/doc_center/source/zh/Pytorch/700/ptmoddevg/trainingmigrguide/
+    # PT_LMTMOG_0074.html, its torchrun example).
+    "huawei": "hccl",
+    # torch_mlu's process group over CNCL registers as "cncl" (github.com/Cambricon/torch_mlu,
+    # torch_mlu/csrc/framework/distributed/process_group_cncl.hpp: CNCL_BACKEND_NAME).
+    "cambricon": "cncl",
+}
+
+
+def _nvidia_lines(shape: Shape) -> list[str]:
+    # NCCL reads the NCCL_* variables of the scenario's env; nothing to add.
+    return []
+
+
+def _rocm_lines(shape: Shape) -> list[str]:
+    return [
+        # RCCL reads NCCL's variable names (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, NCCL_DEBUG…), so the
+        # scenario's NCCL_* settings apply unchanged
+        # (https://rocm.docs.amd.com/projects/rccl/en/latest/api-reference/env-variables.html).
+        # Peer-to-peer transport between PCIe-attached GPUs needs HSA_FORCE_FINE_GRAIN_PCIE=1
+        # (RCCL usage tips, Enabling peer-to-peer transport,
+        # https://rocm.docs.amd.com/projects/rccl/en/latest/how-to/rccl-usage-tips.html), and
+        # GPUs with large-BAR support; a site without it sets 0 in the scenario's env.
+        'export HSA_FORCE_FINE_GRAIN_PCIE="${HSA_FORCE_FINE_GRAIN_PCIE:-1}"',
+    ]
+
+
+def _ascend_lines(shape: Shape) -> list[str]:
+    return [
+        # Time for every rank to reach HCCL's link set-up: 120 s by default, [120, 7200] allowed
+        # (CANN environment variables, HCCL_CONNECT_TIMEOUT,
+        # https://www.hiascend.com/document/detail/zh/canncommercial/83RC1/maintenref/envvar/envref_07_0149.html).
+        # Ranks reach it unevenly (one node loads its data or model slower), so 20 minutes here.
+        'export HCCL_CONNECT_TIMEOUT="${HCCL_CONNECT_TIMEOUT:-1200}"',
+        # How long ranks wait for each other inside a collective, as when only some ranks save a
+        # checkpoint: 1836 s by default on current CANN (HCCL_EXEC_TIMEOUT,
+        # https://www.hiascend.com/document/detail/zh/canncommercial/latest/maintenref/envvar/envref_07_0078.html),
+        # but 600 s on CANN 6.0.RC1 (…/canncommercial/60RC1/modeldev/tfmigr1/tfmigr1_000069.html):
+        # said outright, so that a checkpoint gets half an hour on every release.
+        'export HCCL_EXEC_TIMEOUT="${HCCL_EXEC_TIMEOUT:-1836}"',
+        # The host network interface HCCL sets up on. HCCL_SOCKET_IFNAME takes NCCL's syntax
+        # (prefixes, ^ to exclude, = for exact names) and HCCL_IF_IP, an address, overrides it
+        # (https://www.hiascend.com/document/detail/zh/CANNCommunityEdition/83RC1/maintenref/envvar/envref_07_0075.html),
+        # so the scenario's NCCL_SOCKET_IFNAME says the same for HCCL where nothing else is set.
+        'if [[ -z "${HCCL_SOCKET_IFNAME:-}" && -n "${NCCL_SOCKET_IFNAME:-}" ]]; then',
+        '  export HCCL_SOCKET_IFNAME="$NCCL_SOCKET_IFNAME"',
+        "fi",
+        # One worker per NPU the job can see. torchrun's --nproc_per_node=gpu counts CUDA devices
+        # (torch/distributed/run.py, determine_local_world_size), and only recent releases count a
+        # PrivateUse1 device such as torch_npu's, so the count is given: the entries of
+        # ASCEND_RT_VISIBLE_DEVICES where the backend pinned the job (clusters/shares.py), else
+        # the NPUs the job asked for (a container that the Ascend device plugin gave only its own).
+        f"nproc={shape.gpus_per_node}",
+        'if [[ -n "${ASCEND_RT_VISIBLE_DEVICES:-}" ]]; then',
+        '  IFS=, read -r -a npus <<< "$ASCEND_RT_VISIBLE_DEVICES"',
+        "  nproc=${#npus[@]}",
+        "fi",
+    ]
+
+
+def _cambricon_lines(shape: Shape) -> list[str]:
+    # CNCL's tuning variables are in Cambricon's CNCL developer guide, which the sources reachable
+    # when this was written did not hold; the template sets none, and a site sets them in the
+    # scenario's env. torch_mlu reads MLU_VISIBLE_DEVICES, which the backend sets.
+    return []
+
+
+VENDOR_LINES = {
+    "nvidia": _nvidia_lines,
+    "amd": _rocm_lines,
+    "hygon": _rocm_lines,
+    "huawei": _ascend_lines,
+    "cambricon": _cambricon_lines,
+}
+
+
+def collective_lines(shape: Shape) -> list[str]:
+    """The variables torchrun's workers need on the shape's devices, as script lines."""
+    return [
+        f"export PORTAL_DIST_BACKEND={DIST_BACKENDS[shape.vendor]}",
+        *VENDOR_LINES[shape.vendor](shape),
+        "",
+    ]
+
+
+def _nproc(shape: Shape) -> str:
+    """torchrun's --nproc_per_node: counted at run time on Ascend (_ascend_lines), else the
+    devices per node the job asked for."""
+    return '"$nproc"' if shape.vendor == "huawei" else str(shape.gpus_per_node)
+
+
 def render_python(values: dict[str, Any], shape: Shape) -> list[str]:
     return [*header("python", shape), *venv_lines(values), f"exec python3 {_program(values)}"]
 
@@ -24,8 +130,8 @@ def render_python(values: dict[str, Any], shape: Shape) -> list[str]:
 def render_torchrun(values: dict[str, Any], shape: Shape) -> list[str]:
     # Options in their underscore spelling: every torchrun accepts it, while the dashed aliases
     # (--nproc-per-node) came with PyTorch 2 and fail on 1.x (Debian bookworm's 1.13).
-    lines = [*header("torchrun", shape), *venv_lines(values)]
-    common = f"--nproc_per_node={shape.gpus_per_node} --max_restarts={int(values['max_restarts'])}"
+    lines = [*header("torchrun", shape), *venv_lines(values), *collective_lines(shape)]
+    common = f"--nproc_per_node={_nproc(shape)} --max_restarts={int(values['max_restarts'])}"
     port = int(values["rdzv_port"])
     if not shape.multi:
         # --standalone runs the rendezvous store on a free local port: two single-node jobs
@@ -96,7 +202,8 @@ TORCHRUN = JobTemplate(
     name="PyTorch torchrun",
     description="PyTorch distributed training (DDP, FSDP, DeepSpeed) under torchrun: one worker per GPU. "
     "On several nodes (Slurm, or Kubernetes as an Indexed Job) the workers meet at a c10d rendezvous "
-    "on the first node.",
+    "on the first node. PORTAL_DIST_BACKEND names torch.distributed's backend for the devices: nccl "
+    "(NVIDIA; AMD and Hygon through RCCL), hccl (Huawei Ascend, torch_npu), cncl (Cambricon, torch_mlu).",
     parameters_schema=schema(
         {
             "script": python_script("The training script; torchrun starts it once per GPU."),

@@ -15,6 +15,17 @@ from typing import Any
 from jsonschema import Draft202012Validator, ValidationError, validators
 
 BACKEND_KINDS = ("slurm", "local", "kubernetes")
+# The accelerator vendors, as clusters.models.Vendor names them (GpuModel.vendor). Spelled out here
+# because this module imports no Django; tests/jobs/test_job_templates_vendors.py holds the two
+# together.
+VENDORS = ("nvidia", "amd", "hygon", "huawei", "cambricon")
+VENDOR_NAMES = {
+    "nvidia": "NVIDIA",
+    "amd": "AMD",
+    "hygon": "Hygon",
+    "huawei": "Huawei Ascend",
+    "cambricon": "Cambricon",
+}
 MAX_NODES = 1024
 MAX_GPUS_PER_NODE = 64
 
@@ -23,8 +34,8 @@ q = shlex.quote  # every parameter value passes through it, whatever the schema 
 
 class TemplateInvalid(Exception):
     """The template, its parameters or the requested shape cannot be rendered. `errors` maps a
-    field (`template`, `nodes`, `gpus_per_node`, `parameters.<name>`) to readable messages, the
-    shape of the API's problem+json `errors`."""
+    field (`template`, `nodes`, `gpus_per_node`, `gpu_model`, `parameters.<name>`) to readable
+    messages, the shape of the API's problem+json `errors`."""
 
     def __init__(self, errors: dict[str, list[str]]):
         self.errors = errors
@@ -212,11 +223,13 @@ def validate_params(schema: dict[str, Any], params: Any) -> tuple[dict[str, Any]
 
 @dataclass(frozen=True)
 class Shape:
-    """Where and how wide the job runs: what a template renders against, beside its parameters."""
+    """Where and how wide the job runs, and on whose devices: what a template renders against,
+    beside its parameters."""
 
     nodes: int
     gpus_per_node: int
     backend_kind: str
+    vendor: str = "nvidia"
 
     @property
     def multi(self) -> bool:
@@ -224,6 +237,15 @@ class Shape:
 
 
 Renderer = Callable[[dict[str, Any], Shape], list[str]]
+# Errors of valid parameters that a shape or vendor rules out, by field (the LAMMPS CUDA build on
+# an AMD GPU).
+Checker = Callable[[dict[str, Any], Shape], dict[str, list[str]]]
+
+
+def _listed(names: Iterable[str]) -> str:
+    """'A', 'A or B', 'A, B or C'."""
+    names = list(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 @dataclass(frozen=True)
@@ -231,7 +253,9 @@ class JobTemplate:
     """One scenario's way to run a tool, rendered to a bash batch script per backend.
 
     `multi_node_backends` names the backends on which the template spans several nodes; every
-    template runs on one node on every backend.
+    template runs on one node on every backend. `vendors` names the accelerator vendors whose
+    devices the tool has a build for; on any other the template refuses to render (field
+    `gpu_model`) rather than start a job that cannot use the devices it is charged for.
     """
 
     slug: str
@@ -241,28 +265,48 @@ class JobTemplate:
     parameters_schema: dict[str, Any]
     renderer: Renderer = field(repr=False, compare=False)
     multi_node_backends: frozenset[str] = frozenset()
+    vendors: frozenset[str] = frozenset(VENDORS)
+    checker: Checker | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         Validator.check_schema(self.parameters_schema)
+        if not self.vendors <= set(VENDORS):
+            raise ValueError(f"unknown vendors {sorted(self.vendors - set(VENDORS))}")
 
     @property
     def multi_node(self) -> bool:
         return bool(self.multi_node_backends)
 
-    def render(self, *, params: Any, nodes: int, gpus_per_node: int, backend_kind: str) -> str:
-        """The batch script. Validates first, so no path renders unchecked values; raises
-        TemplateInvalid with every problem found at once."""
+    def render(
+        self, *, params: Any, nodes: int, gpus_per_node: int, backend_kind: str, vendor: str = "nvidia"
+    ) -> str:
+        """The batch script for `vendor`'s devices. Validates first, so no path renders unchecked
+        values; raises TemplateInvalid with every problem found at once."""
         if backend_kind not in BACKEND_KINDS:
             raise ValueError(f"unknown backend kind {backend_kind!r}")  # a caller's bug, not input
+        if vendor not in VENDORS:
+            raise ValueError(f"unknown vendor {vendor!r}")  # GpuModel.vendor has choices
         errors = self._shape_errors(nodes, gpus_per_node, backend_kind)
+        errors.update(self._vendor_errors(vendor))
         values, param_errors = validate_params(self.parameters_schema, {} if params is None else params)
         errors.update(param_errors)
+        shape = Shape(nodes=nodes, gpus_per_node=gpus_per_node, backend_kind=backend_kind, vendor=vendor)
+        if not errors and self.checker is not None:
+            errors.update(self.checker(values, shape))
         if errors:
             raise TemplateInvalid(errors)
-        lines = self.renderer(
-            values, Shape(nodes=nodes, gpus_per_node=gpus_per_node, backend_kind=backend_kind)
-        )
-        return "\n".join(lines) + "\n"
+        return "\n".join(self.renderer(values, shape)) + "\n"
+
+    def _vendor_errors(self, vendor: str) -> dict[str, list[str]]:
+        if vendor in self.vendors:
+            return {}
+        names = [VENDOR_NAMES[name] for name in VENDORS if name in self.vendors]
+        return {
+            "gpu_model": [
+                f"The {self.name} template has no build for {VENDOR_NAMES[vendor]} accelerators: it runs on "
+                f"{_listed(names)} devices. Choose a GPU model of one of those vendors."
+            ]
+        }
 
     def _shape_errors(self, nodes: Any, gpus_per_node: Any, backend_kind: str) -> dict[str, list[str]]:
         errors: dict[str, list[str]] = {}

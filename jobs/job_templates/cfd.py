@@ -1,4 +1,8 @@
-"""cfd: OpenFOAM. Decompose the case, run the solver in parallel, reconstruct the last time."""
+"""cfd: OpenFOAM. Decompose the case, run the solver in parallel, reconstruct the last time.
+
+The same on every vendor's partitions: OpenFOAM's solvers run on the CPUs, one MPI rank per core
+or per GPU of the job, and read no accelerator variable, so the template renders no vendor's.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""molecular-dynamics: GROMACS and LAMMPS, one MPI rank per GPU under srun (Slurm) or mpirun."""
+"""molecular-dynamics: GROMACS and LAMMPS, one MPI rank per GPU under srun (Slurm) or mpirun.
+
+Both run on NVIDIA, AMD and Hygon GPUs with the same command lines: what differs is the build the
+site installed (CUDA, or HIP/SYCL), not the switches. Neither has a build for Huawei Ascend or
+Cambricon accelerators, so on those the templates refuse (field `gpu_model`) rather than run on
+the CPU while the job is charged for NPUs or MLUs.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,20 @@ from typing import Any
 from .base import RANKS_PER_NODE, VAR_NAME, WORD, JobTemplate, Shape, header, mpi_launch, q, relpath, schema
 
 SCENARIO = "molecular-dynamics"
+
+# GROMACS offloads to NVIDIA GPUs through CUDA, to AMD ones through SYCL (AdaptiveCpp) and, since
+# 2025, HIP ("Added support to compile GROMACS using AMD HIP as GPU backend",
+# https://manual.gromacs.org/current/release-notes/2025/major/portability.html); -nb and -pme take
+# the same values on each. Hygon's DCU toolkit (DTK) is ROCm-based and programs DCUs through HIP
+# (Hygon's own documentation was not reachable when this was written). The scenario's
+# GMX_ENABLE_DIRECT_GPU_COMM is not CUDA's alone: SYCL builds use GPU-aware MPI since 2023,
+# ROCm-aware Open MPI included (https://gitlab.com/gromacs/gromacs/-/issues/4638), and HIP builds
+# since 2026 (https://manual.gromacs.org/current/release-notes/2026/major/portability.html). mdrun
+# uses it only where it detects GPU-aware MPI and stages through the host otherwise, so it stays
+# set on every vendor. LAMMPS's KOKKOS package builds for CUDA and HIP
+# (https://docs.lammps.org/Speed_kokkos.html) and its GPU package for CUDA, HIP and OpenCL
+# (https://docs.lammps.org/Speed_gpu.html), each taking the same -k/-sf/-pk switches.
+MD_VENDORS = frozenset({"nvidia", "amd", "hygon"})
 
 # OMP_NUM_THREADS comes from the scenario's env (4 for MD); a default keeps `set -u` quiet when
 # a job's env drops it.
@@ -44,6 +64,22 @@ ACCELERATOR_FLAGS = {
     "opt": lambda gpus: "-sf opt",
     "none": lambda gpus: "",
 }
+
+
+# Executables named for one device API: LAMMPS's `make kokkos_cuda_mpi` target builds for CUDA only.
+BINARY_VENDORS = {"lmp_kokkos_cuda_mpi": frozenset({"nvidia"})}
+
+
+def check_lammps(values: dict[str, Any], shape: Shape) -> dict[str, list[str]]:
+    vendors = BINARY_VENDORS.get(values["binary"])
+    if vendors is None or shape.vendor in vendors:
+        return {}
+    return {
+        "parameters.binary": [
+            f"{values['binary']} is LAMMPS's KOKKOS build for CUDA (NVIDIA GPUs). On this GPU model use "
+            "lmp or lmp_mpi built with KOKKOS for HIP, or with the GPU package."
+        ]
+    }
 
 
 def render_lammps(values: dict[str, Any], shape: Shape) -> list[str]:
@@ -125,6 +161,7 @@ GROMACS = JobTemplate(
     ),
     renderer=render_gromacs,
     multi_node_backends=frozenset({"slurm"}),
+    vendors=MD_VENDORS,
 )
 
 LAMMPS = JobTemplate(
@@ -169,4 +206,6 @@ LAMMPS = JobTemplate(
     ),
     renderer=render_lammps,
     multi_node_backends=frozenset({"slurm"}),
+    vendors=MD_VENDORS,
+    checker=check_lammps,
 )

@@ -172,6 +172,7 @@ def _script(request: JobRequest, partition: Partition) -> str:
                 nodes=request.nodes,
                 gpus_per_node=request.gpus // request.nodes,
                 backend_kind=partition.cluster.kind,
+                vendor=request.gpu_model.vendor,
             )
         except TemplateInvalid as exc:
             raise Invalid(exc.errors) from None
