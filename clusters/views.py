@@ -6,7 +6,9 @@ above it."""
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils.translation import gettext as _
 
+from clusters import shares
 from clusters.selectors import cluster_list, gpu_model_list
+from clusters.shares import ShareKind
 from portal.core.staff import is_platform_admin
 
 # The health columns on top of what cluster_list loads; never a connection or secret column.
@@ -15,6 +17,7 @@ CLUSTER_COLUMNS = ("id", "slug", "name", "kind", "healthy", "health_checked_at")
 CLUSTER_ADMIN_COLUMNS = (*CLUSTER_COLUMNS, "health_detail")
 GPU_MODEL_COLUMNS = (
     "id", "slug", "vendor", "name", "memory_gb", "fp64_tflops", "fp16_tflops", "memory_bandwidth_gbs",
+    "share_kinds", "mig_profiles", "sources",
 )  # fmt: skip
 
 
@@ -30,6 +33,30 @@ def walltime_text(minutes: int) -> str:
     if mins:
         parts.append(_("%(minutes)s min") % {"minutes": mins})
     return " ".join(parts)
+
+
+def partition_shares(partition) -> list[str]:
+    """What a partition offers of its devices, in words: whole GPUs, its MIG profiles, slices,
+    shards (with how many per GPU, and that they isolate nothing)."""
+    words = []
+    for kind in partition.share_kinds:
+        if kind == ShareKind.MIG:
+            words.append(_("MIG %(profiles)s") % {"profiles": ", ".join(partition.mig_profiles)})
+        elif kind == ShareKind.SHARD:
+            words.append(_("%(n)s shards per GPU (no isolation)") % {"n": partition.shards_per_gpu})
+        else:
+            words.append(str(ShareKind(kind).label))
+    return words
+
+
+def model_shares(gpu_model) -> dict:
+    """A model's share kinds in words, its MIG profiles with the fraction of a device each counts,
+    and the sources of its figures."""
+    return {
+        "kinds": [str(ShareKind(kind).label) for kind in gpu_model.share_kinds if kind in ShareKind.values],
+        "profiles": [(p.name, p.fraction.normalize()) for p in shares.mig_profiles(gpu_model.mig_profiles)],
+        "sources": [line for line in gpu_model.sources.splitlines() if line.strip()],
+    }
 
 
 def catalog_context(*, user: AbstractBaseUser, covered: set[int]) -> dict:
@@ -50,6 +77,7 @@ def catalog_context(*, user: AbstractBaseUser, covered: set[int]) -> dict:
                     "partition": p,
                     "gpu_model": model_names.get(p.gpu_model_id, p.gpu_model.slug),
                     "walltime": walltime_text(p.max_walltime_minutes),
+                    "shares": partition_shares(p),
                     "covered": p.gpu_model_id in covered,
                 }
                 for p in cluster.partitions.all()
@@ -57,4 +85,5 @@ def catalog_context(*, user: AbstractBaseUser, covered: set[int]) -> dict:
         }
         for cluster in cluster_list().only(*columns).order_by("slug")
     ]
-    return {"clusters": rows, "gpu_models": gpu_models, "show_health_detail": health_detail}
+    models = [{"model": m, **model_shares(m)} for m in gpu_models]
+    return {"clusters": rows, "gpu_models": models, "show_health_detail": health_detail}

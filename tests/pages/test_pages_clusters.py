@@ -192,8 +192,16 @@ def test_partitions_of_a_gpu_model_the_teams_current_grants_cover_are_marked(
 def test_the_gpu_models_table_lists_each_models_figures(web, member, catalog):
     gpu_model()
     rows = rows_of(web(member).get(URL).content.decode())
-    assert rows["gpu-test-a40"] == ["Test A40", "NVIDIA", "48", "0.6", "149.5", "696"]
+    assert rows["gpu-test-a40"][:7] == ["Test A40", "NVIDIA", "48", "0.6", "149.5", "696", "Whole device"]
     assert f"gpu-{catalog[1].slug}" in rows
+    h200 = rows["gpu-h200"]  # the catalog's shares: kinds, MIG profiles with their part of a device, sources
+    assert (
+        h200[6]
+        == "Whole device, MIG instance, Shared slice (memory and compute caps), Slurm shard (shared, no isolation)"
+    )
+    assert h200[7].startswith("1g.18gb (0.1428), 1g.35gb (0.25), 2g.35gb (0.2857), 3g.71gb (0.5)")
+    assert h200[8].startswith("4 sources") and "Multi-Instance GPU User Guide" in h200[8]
+    assert rows["gpu-ascend-910b"][1] == "Huawei Ascend"
 
 
 def test_no_secret_is_read_from_the_database_nor_shown(web, member, catalog):
@@ -233,9 +241,13 @@ def test_the_clusters_tab_is_in_every_tenant_page_and_current_on_this_one(web, m
 def test_member_opens_the_clusters_tab_and_switches_it_to_chinese(
     live_server, member, grant, local_partition
 ):
-    slurm_cluster(
+    hpc = slurm_cluster(
         model=gpu_model(), healthy=False, health_detail="sinfo failed: Connection refused",
         health_checked_at=timezone.now() - timedelta(hours=2),
+    )  # fmt: skip
+    PartitionFactory(
+        cluster=hpc, name="shared", gpu_model=GpuModel.objects.get(slug="h200"), gpus_per_node=2,
+        share_kinds=["whole", "mig", "shard"], mig_profiles=["3g.71gb", "1g.18gb"], shards_per_gpu=4,
     )  # fmt: skip
     base = live_server.url
     with browser_page() as page:
@@ -253,6 +265,10 @@ def test_member_opens_the_clusters_tab_and_switches_it_to_chinese(
         expect(hpc).not_to_contain_text("sinfo failed")
         expect(page.get_by_role("table", name="Partitions of HPC")).to_be_visible()
         expect(page.locator("#partition-hpc-gpu td.gpus-total")).to_have_text("32")
+        expect(page.locator("#partition-hpc-shared td.shares")).to_have_text(
+            "Whole device · MIG 3g.71gb, 1g.18gb · 4 shards per GPU (no isolation)"
+        )
+        expect(page.locator("#gpu-h200 .mig-profile[data-fraction='0.5']")).to_have_text("3g.71gb (0.5)")
         screenshot(page, "clusters")
 
         page.get_by_label("Language").select_option("zh-hans")
