@@ -99,7 +99,10 @@ class ClusterForm(forms.ModelForm):
 class PartitionInline(admin.TabularInline):
     model = Partition
     extra = 0
-    fields = ["name", "gpu_model", "gpus_per_node", "nodes", "max_walltime_minutes", "gpus_free"]
+    fields = [
+        *("name", "gpu_model", "gpus_per_node", "nodes", "max_walltime_minutes", "gpus_free"),
+        *("share_kinds", "mig_profiles", "shards_per_gpu"),
+    ]
     readonly_fields = ["gpus_free"]
 
 
@@ -256,7 +259,10 @@ class ScenarioAdmin(admin.ModelAdmin):
 
 @admin.register(Partition)
 class PartitionAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "gpu_model", "gpus_per_node", "nodes", "gpus_free", "max_walltime_minutes"]
+    list_display = [
+        *("__str__", "gpu_model", "gpus_per_node", "nodes", "gpus_free", "max_walltime_minutes"),
+        *("share_kinds", "shards_per_gpu"),
+    ]
     list_filter = ["cluster", "gpu_model"]
     list_select_related = ["cluster", "gpu_model"]
     search_fields = ["name", "cluster__slug"]

@@ -204,15 +204,41 @@ ADVICE_IN = {"ai": AdviceInAi, "md": AdviceInMd, "cfd": AdviceInCfd}
 
 
 class AdviceOptionOut(serializers.Serializer):
+    """Beyond docs/api.md's fields: the share each of `gpus` is, named as a job asks for it
+    (POST /jobs/: share, mig_profile, gpu_memory_mib, gpu_cores_pct), and what it counts of a
+    device."""
+
     gpu_model = serializers.CharField(help_text="GPU model slug.")
-    gpus = serializers.IntegerField()
+    gpus = serializers.IntegerField(help_text="Units of `share`: devices, or one MIG instance or slice.")
     nodes = serializers.IntegerField()
-    gpu_hours = serializers.FloatField()
+    gpu_hours = serializers.FloatField(
+        help_text="Device-equivalent GPU-hours: gpus × device_fraction × hours."
+    )
     arithmetic = serializers.ListField(child=serializers.CharField(), help_text="The steps, readable.")
+    # The job's choice set (one enum in the schema, as POST /jobs/ takes it); shards are never
+    # advised, their size being a partition's.
+    share = serializers.ChoiceField(
+        choices=ShareKind.choices,
+        help_text="whole, mig or slice: a fraction of one device where the job fits in one (the "
+        "model's smallest MIG profile that holds it, else a slice); whole otherwise.",
+    )
+    mig_profile = serializers.CharField(help_text='share=mig: the profile, e.g. 3g.40gb; "" otherwise.')
+    gpu_memory_mib = serializers.IntegerField(help_text="share=slice: the memory cap in MiB; 0 otherwise.")
+    gpu_cores_pct = serializers.IntegerField(help_text="share=slice: the compute percentage; 0 otherwise.")
+    device_fraction = serializers.DecimalField(
+        max_digits=5,
+        decimal_places=4,
+        min_value=0,
+        max_value=1,
+        coerce_to_string=False,
+        help_text="What each of `gpus` counts of a device (1 for a whole one), as the ledger charges it.",
+    )
 
 
 class AdviceOut(serializers.Serializer):
     assumptions = serializers.ListField(child=serializers.CharField())
     options = AdviceOptionOut(
-        many=True, help_text="In the scenario's rank order; infeasible models left out."
+        many=True,
+        help_text="In the scenario's rank order; the `md` advisor's by cost (those that reach the asked "
+        "ns/day first, then device-equivalent GPU-hours × cost index). Infeasible models left out.",
     )

@@ -1,5 +1,7 @@
 """Sizing advisor: from what a researcher knows about a job to GPUs, nodes and GPU-hours per
-GPU model, in the scenario's rank order.
+GPU model, in the scenario's rank order (MD's by cost, as its scenario ranks). A job that one GPU
+holds and runs in time gets a fraction of it instead (the model's smallest MIG profile that fits,
+else a slice), its GPU-hours device-equivalent (units × fraction × hours).
 
 Pure functions on plain data: no request, no database. The estimates are rough on purpose; what
 matters is the order of magnitude and arithmetic a researcher can check, so every option carries

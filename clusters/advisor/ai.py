@@ -1,5 +1,6 @@
 """The AI training advisor: GPUs to hold a model's training states (sharded, ZeRO-3/FSDP) and
-to finish its tokens within the target days, at a model-FLOPs utilisation of the dense peak."""
+to finish its tokens within the target days, at a model-FLOPs utilisation of the dense peak. A
+job that one GPU holds and finishes in time gets the fraction of it that still does."""
 
 import math
 from collections.abc import Sequence
@@ -17,10 +18,14 @@ from clusters.advisor.base import (
     GpuFigures,
     Option,
     advice_from,
+    fraction_for,
+    fraction_hours,
+    in_time,
     memory_gpus,
     no_rate,
     nodes_for,
     num,
+    option,
     pct,
     too_big,
 )
@@ -194,6 +199,12 @@ def advise_ai(job: AiJob, gpus: Sequence[GpuFigures]) -> Advice:
                 "count": time_gpus,
             }
         )
+        if mem == 1 and time_gpus == 1:
+            need = in_time(hours, target_h, lines)
+            fit = fraction_for(gpu, need_gb=need_gb, compute_need=need, lines=lines)
+            if not fit.whole:
+                gpu_hours = fraction_hours(fit, hours, lines)
+                return option(gpu, gpus=1, nodes=1, gpu_hours=gpu_hours, lines=lines, fit=fit)
         count = max(mem, time_gpus)
         if count > job.gpus_per_node:
             whole = nodes_for(count, job.gpus_per_node) * job.gpus_per_node
@@ -233,6 +244,7 @@ def advise_ai(job: AiJob, gpus: Sequence[GpuFigures]) -> Advice:
                 "target_days": f"{job.target_days:g}",
             }
         )
-        return Option(gpu.slug, count, nodes_for(count, job.gpus_per_node), round(hours, 2), lines)
+        nodes = nodes_for(count, job.gpus_per_node)
+        return option(gpu, gpus=count, nodes=nodes, gpu_hours=hours, lines=lines)
 
     return advice_from(gpus, size, assumptions)

@@ -1,5 +1,6 @@
 """The CFD and FEA advisor: GPUs to hold the mesh and finish its iterations within the target
-days, each cell-iteration timed by a roofline (memory traffic or FLOP, whichever is slower)."""
+days, each cell-iteration timed by a roofline (memory traffic or FLOP, whichever is slower). A
+mesh that one GPU holds and solves in time gets the fraction of it that still does."""
 
 import math
 from collections.abc import Sequence
@@ -16,9 +17,13 @@ from clusters.advisor.base import (
     GpuFigures,
     Option,
     advice_from,
+    fraction_for,
+    fraction_hours,
+    in_time,
     memory_gpus,
     nodes_for,
     num,
+    option,
     pct,
     too_big,
 )
@@ -151,6 +156,12 @@ def advise_cfd(job: CfdJob, gpus: Sequence[GpuFigures]) -> Advice:
         time_gpus = (
             1 if one_gpu_h <= target_h else math.ceil(one_gpu_h / (CFD_PARALLEL_EFFICIENCY * target_h))
         )
+        if mem == 1 and time_gpus == 1:
+            need = in_time(one_gpu_h, target_h, lines)
+            fit = fraction_for(gpu, need_gb=need_gb, compute_need=need, lines=lines)
+            if not fit.whole:
+                gpu_hours = fraction_hours(fit, one_gpu_h, lines)
+                return option(gpu, gpus=1, nodes=1, gpu_hours=gpu_hours, lines=lines, fit=fit)
         count = min(max(mem, min(time_gpus, useful)), job.max_gpus)
         if time_gpus > 1:
             lines.append(
@@ -189,6 +200,7 @@ def advise_cfd(job: CfdJob, gpus: Sequence[GpuFigures]) -> Advice:
                 "target_days": f"{job.target_days:g}",
             }
         )
-        return Option(gpu.slug, count, nodes_for(count, job.gpus_per_node), round(gpu_hours, 2), lines)
+        nodes = nodes_for(count, job.gpus_per_node)
+        return option(gpu, gpus=count, nodes=nodes, gpu_hours=gpu_hours, lines=lines)
 
     return advice_from(gpus, size, assumptions)

@@ -1,5 +1,8 @@
 """The molecular dynamics advisor: GPUs to reach the wanted ns/day, from a throughput index
-calibrated on public AMBER/GROMACS figures, and GPU-hours for the whole simulated length."""
+calibrated on public AMBER/GROMACS figures, and GPU-hours for the whole simulated length. A system
+that one GPU holds and runs fast enough gets the fraction of it that still reaches the ns/day.
+The options are ranked by cost, as the scenario ranks its models (throughput per cost): those
+that reach the wanted ns/day first, then the cheapest simulated nanosecond."""
 
 import math
 from collections.abc import Sequence
@@ -11,15 +14,20 @@ from django.utils.translation import ngettext
 from clusters.advisor.base import (
     GPUS_PER_NODE,
     MAX_GPUS,
+    SLACK,
     USABLE_MEMORY,
+    WHOLE,
     Advice,
     GpuFigures,
     Option,
     advice_from,
+    decimal,
+    fraction_for,
     memory_gpus,
     no_rate,
     nodes_for,
     num,
+    option,
     pct,
     too_big,
 )
@@ -90,7 +98,15 @@ def advise_md(job: MdJob, gpus: Sequence[GpuFigures]) -> Advice:
             "gpus_per_node": job.gpus_per_node,
             "max_gpus": job.max_gpus,
         },
+        _(
+            "Order: the options that reach %(ns_per_day)s ns/day first, then by cost (device-equivalent "
+            "GPU-hours × the model's cost index, H100-80GB = 100), cheapest first; a fraction of a fast "
+            "GPU can come before a whole slower one."
+        )
+        % {"ns_per_day": f"{job.ns_per_day:g}"},
     ]
+    # Per model: (short of the ns/day asked, cost per ns/day): the options' order.
+    rank: dict[str, tuple[bool, float]] = {}
 
     def size(gpu: GpuFigures) -> Option | str:
         index = math.sqrt(gpu.fp32_tflops * gpu.memory_bandwidth_gbs)
@@ -116,52 +132,101 @@ def advise_md(job: MdJob, gpus: Sequence[GpuFigures]) -> Advice:
                 "one": num(one),
             },
         ]
-        top = min(max(useful, mem), job.max_gpus)
-        count = next((n for n in range(mem, top + 1) if one * _md_speedup(n) >= job.ns_per_day), top)
-        rate = one * _md_speedup(count)
-        if count > 1:
-            lines.append(
-                ngettext(
-                    "%(count)s GPU: speed-up %(count)s × %(kept)s^log2(%(count)s) = %(speedup)s "
-                    "→ %(rate)s ns/day",
-                    "%(count)s GPUs: speed-up %(count)s × %(kept)s^log2(%(count)s) = %(speedup)s "
-                    "→ %(rate)s ns/day",
-                    count,
-                )
-                % {
-                    "count": count,
-                    "kept": f"{MD_KEPT_PER_DOUBLING:g}",
-                    "speedup": f"{_md_speedup(count):.2f}",
-                    "rate": num(rate),
-                }
-            )
-        if rate < job.ns_per_day:
+        fit = WHOLE
+        if mem == 1 and one >= job.ns_per_day:
+            need = job.ns_per_day / one
             lines.append(
                 _(
-                    "Short of the %(ns_per_day)s ns/day asked: more GPUs than %(count)s exceed max_gpus or "
-                    "leave fewer than %(atoms_per_gpu)s atoms per GPU"
+                    "One GPU holds the job and reaches %(ns_per_day)s ns/day: %(ns_per_day)s ÷ %(one)s = "
+                    "%(need_pct)s %% of its throughput is enough"
                 )
-                % {
-                    "ns_per_day": f"{job.ns_per_day:g}",
-                    "count": count,
-                    "atoms_per_gpu": f"{MD_ATOMS_PER_GPU:,}",
-                }
+                % {"ns_per_day": f"{job.ns_per_day:g}", "one": num(one), "need_pct": num(need * 100)}
             )
+            fit = fraction_for(gpu, need_gb=need_gb, compute_need=need, lines=lines)
+        if not fit.whole:
+            count, rate = 1, one * fit.compute
+            lines.append(
+                _("At %(compute)s of the GPU's speed: %(compute)s × %(one)s ns/day = %(rate)s ns/day")
+                % {"compute": f"{fit.compute:.3g}", "one": num(one), "rate": num(rate)}
+            )
+        else:
+            count, rate = _md_whole(job, one, mem, useful, lines)
         wall_days = simulated_ns / rate
-        gpu_hours = count * wall_days * 24
-        lines.append(
-            _(
+        gpu_hours = count * float(fit.fraction) * wall_days * 24
+        if fit.whole:
+            total = _(
                 "%(simulated_ns)s ns ÷ %(rate)s ns/day = %(wall_days)s days × 24 h × %(count)s GPU(s) = "
                 "%(gpu_hours)s GPU-hours"
             )
+        else:
+            total = _(
+                "%(simulated_ns)s ns ÷ %(rate)s ns/day = %(wall_days)s days × 24 h × %(fraction)s of a "
+                "GPU = %(gpu_hours)s GPU-hours (device-equivalent)"
+            )
+        lines.append(
+            total
             % {
                 "simulated_ns": num(simulated_ns),
                 "rate": num(rate),
                 "wall_days": num(wall_days),
                 "count": count,
+                "fraction": decimal(fit.fraction),
                 "gpu_hours": num(gpu_hours),
             }
         )
-        return Option(gpu.slug, count, nodes_for(count, job.gpus_per_node), round(gpu_hours, 2), lines)
+        lines.append(
+            _("Cost: %(gpu_hours)s GPU-hours × cost index %(cost_index)s = %(cost)s")
+            % {
+                "gpu_hours": num(gpu_hours),
+                "cost_index": gpu.cost_index,
+                "cost": num(gpu_hours * gpu.cost_index),
+            }
+        )
+        # Cost per ns/day rather than the cost itself: the same order, also for a length of 0.
+        rank[gpu.slug] = (
+            rate < job.ns_per_day * (1 - SLACK),
+            count * float(fit.fraction) * gpu.cost_index / rate,
+        )
+        nodes = nodes_for(count, job.gpus_per_node)
+        return option(gpu, gpus=count, nodes=nodes, gpu_hours=gpu_hours, lines=lines, fit=fit)
 
-    return advice_from(gpus, size, assumptions)
+    advice = advice_from(gpus, size, assumptions)
+    # Stable: models of equal cost keep the scenario's order.
+    return Advice(advice.assumptions, sorted(advice.options, key=lambda o: rank[o.gpu_model]))
+
+
+def _md_whole(job: MdJob, one: float, mem: int, useful: int, lines: list[str]) -> tuple[int, float]:
+    """Whole GPUs to reach the wanted ns/day (at least `mem`, at most `useful` or max_gpus) and
+    the rate they reach, the steps appended to `lines`."""
+    top = min(max(useful, mem), job.max_gpus)
+    count = next((n for n in range(mem, top + 1) if one * _md_speedup(n) >= job.ns_per_day), top)
+    rate = one * _md_speedup(count)
+    if count > 1:
+        lines.append(
+            ngettext(
+                "%(count)s GPU: speed-up %(count)s × %(kept)s^log2(%(count)s) = %(speedup)s "
+                "→ %(rate)s ns/day",
+                "%(count)s GPUs: speed-up %(count)s × %(kept)s^log2(%(count)s) = %(speedup)s "
+                "→ %(rate)s ns/day",
+                count,
+            )
+            % {
+                "count": count,
+                "kept": f"{MD_KEPT_PER_DOUBLING:g}",
+                "speedup": f"{_md_speedup(count):.2f}",
+                "rate": num(rate),
+            }
+        )
+    if rate < job.ns_per_day:
+        lines.append(
+            _(
+                "Short of the %(ns_per_day)s ns/day asked: more GPUs than %(count)s exceed max_gpus or "
+                "leave fewer than %(atoms_per_gpu)s atoms per GPU"
+            )
+            % {
+                "ns_per_day": f"{job.ns_per_day:g}",
+                "count": count,
+                "atoms_per_gpu": f"{MD_ATOMS_PER_GPU:,}",
+            }
+        )
+    return count, rate

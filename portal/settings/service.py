@@ -72,6 +72,7 @@ SPECTACULAR_SETTINGS = {
         "TenantStateEnum": "tenants.models.TenantState",
         "QuotaRequestStateEnum": "tenants.models.RequestState",
         "JobStateEnum": "jobs.models.JobState",
+        "ShareKindEnum": "clusters.shares.ShareKind",
         "AlertSeverityEnum": "monitoring.models.Severity",
         "AlertStatusEnum": "monitoring.models.AlertStatus",
         "DeliveryStatusEnum": "monitoring.models.DeliveryStatus",

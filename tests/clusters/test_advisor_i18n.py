@@ -4,8 +4,9 @@ unchanged; and POST /api/v1/scenarios/{slug}/advise/ answers in the Accept-Langu
 
 Reads the project's catalogue, locale/zh_Hans, compiled (django.mo)."""
 
+import importlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 from django.utils import translation
@@ -13,6 +14,8 @@ from django.utils import translation
 from clusters import advisor
 from clusters.models import GpuModel
 from tests.factories import seed_catalog
+
+MIG_80GB = importlib.import_module("clusters.migrations.0010_share_catalog").MIG_80GB
 
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*(?:e[+-]?\d+)?")
 CJK = re.compile(r"[\u4e00-\u9fff]")
@@ -30,13 +33,17 @@ class Gpu:
     fp16_tflops: float
     memory_bandwidth_gbs: int
     interconnect_gbs: int
+    cost_index: int = 100
+    share_kinds: list[str] = field(default_factory=lambda: ["whole"])
+    mig_profiles: list[dict] = field(default_factory=list)
 
 
-# Datasheet figures, as seeded; the last one has no FP32 or FP16 units, to be left out.
-H100 = Gpu("h100-80gb", "H100-80GB", 80, 34, 67, 989, 3350, 900)
-T4 = Gpu("t4", "T4", 16, 0.25, 8.1, 65, 320, 32)
-MLU370 = Gpu("mlu370-x8", "MLU370-X8", 48, 0, 24, 96, 614, 200)
-FP64_ONLY = Gpu("fp64-only", "FP64-only", 32, 10, 0, 0, 1000, 64)
+# Datasheet figures and shares, as seeded; the last one has no FP32 or FP16 units, to be left out
+# (and no share but the whole device).
+H100 = Gpu("h100-80gb", "H100-80GB", 80, 34, 67, 989, 3350, 900, 100, ["whole", "mig", "slice"], MIG_80GB)
+T4 = Gpu("t4", "T4", 16, 0.25, 8.1, 65, 320, 32, 12, ["whole", "slice"])
+MLU370 = Gpu("mlu370-x8", "MLU370-X8", 48, 0, 24, 96, 614, 200, 30, ["whole", "slice"])
+FP64_ONLY = Gpu("fp64-only", "FP64-only", 32, 10, 0, 0, 1000, 64, 50)
 GPUS = [H100, T4, MLU370, FP64_ONLY]
 
 # Between them, every message the advisor writes: each assumption, step and reason to leave out.
@@ -55,6 +62,15 @@ CASES = {
         advisor.advise_cfd,
         advisor.CfdJob(cells_m=1, iterations=100_000, precision="mixed", target_days=0.01),
     ),
+    # Fractions of one device: MIG on the H100, slices on the T4 and the MLU370, a whole FP64-only.
+    "ai-small-shares": (advisor.advise_ai, advisor.AiJob(params_b=1, method="lora")),
+    "md-small-shares": (advisor.advise_md, advisor.MdJob(atoms=20_000, ns_per_day=100, simulated_ns=500)),
+    # 14 GB: the H100 gets MIG 1g.20gb, the T4's slice would be the whole device.
+    "md-no-smaller-share": (
+        advisor.advise_md,
+        advisor.MdJob(atoms=14_000_000, ns_per_day=0.1, simulated_ns=1),
+    ),
+    "cfd-small-shares": (advisor.advise_cfd, advisor.CfdJob(cells_m=1, iterations=100_000)),
 }
 
 
@@ -63,7 +79,20 @@ def lines(advice: advisor.Advice) -> list[str]:
 
 
 def figures(advice: advisor.Advice) -> list[tuple]:
-    return [(o.gpu_model, o.gpus, o.nodes, o.gpu_hours, len(o.arithmetic)) for o in advice.options]
+    return [
+        (o.gpu_model, o.gpus, o.nodes, o.gpu_hours, len(o.arithmetic), o.share, o.device_fraction)
+        for o in advice.options
+    ]
+
+
+def test_the_share_cases_write_every_kind_of_share_line():
+    """The cases above reach each line of a fraction: MIG, slice, neither smaller than the whole
+    device, and a model with no shares at all."""
+    with translation.override("en"):
+        written = [line for advise, job in CASES.values() for line in lines(advise(job, GPUS))]
+    for start in ("MIG 1g.", "Slice: a memory cap", "No MIG profile or slice", "FP64-only offers no MIG"):
+        assert any(line.startswith(start) for line in written), start
+    assert any(line.startswith("Fractions:") for line in written)
 
 
 @pytest.mark.parametrize("case", CASES)
