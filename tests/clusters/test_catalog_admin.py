@@ -141,3 +141,62 @@ def test_scenario_change_page_shows_its_ranking(staff):
     page = staff.get(f"/admin/clusters/scenario/{scenario.pk}/change/").content.decode()
     assert "TFLOP/s FP64" in page
     assert 'name="advisor"' in page
+
+
+def partition_form(cluster: Cluster, model: GpuModel, **changes) -> dict:
+    data = {
+        "cluster": str(cluster.pk), "name": "shared", "gpu_model": str(model.pk), "gpus_per_node": "4",
+        "nodes": "1", "max_walltime_minutes": "60", "gpus_free": "", "max_cpus_per_gpu": "",
+        "max_mem_per_gpu_mb": "", "share_kinds": '["whole"]', "mig_profiles": "[]", "shards_per_gpu": "0",
+    }  # fmt: skip
+    return data | changes
+
+
+@pytest.mark.parametrize(
+    ("model", "changes", "field", "message"),
+    [
+        (
+            "t4",
+            {"share_kinds": '["whole", "mig"]'},
+            "share_kinds",
+            "T4 on a Slurm cluster offers: shard, whole.",
+        ),
+        (
+            "h200",
+            {"share_kinds": '["slice"]'},
+            "share_kinds",
+            "H200 on a Slurm cluster offers: mig, shard, whole.",
+        ),
+        (
+            "h200",
+            {"share_kinds": '["mig"]', "mig_profiles": '["3g.40gb"]'},
+            "mig_profiles",
+            "Profiles of H200:",
+        ),
+        ("h200", {"share_kinds": '["shard"]'}, "shards_per_gpu", "Set the shards per GPU exactly when"),
+    ],
+)
+def test_a_partition_offers_only_what_its_model_and_scheduler_can_give(
+    staff, cluster, model, changes, field, message
+):
+    gpu = GpuModel.objects.get(slug=model)
+    response = staff.post("/admin/clusters/partition/add/", partition_form(cluster, gpu, **changes))
+    assert response.status_code == 200  # the form again, with the error
+    errors = response.context["adminform"].form.errors
+    assert message in " ".join(errors[field]), errors
+    assert not cluster.partitions.exists()
+
+
+def test_a_partition_offering_mig_and_shards_is_saved(staff, cluster):
+    gpu = GpuModel.objects.get(slug="h200")
+    changes = {
+        "share_kinds": '["whole", "mig", "shard"]',
+        "mig_profiles": '["3g.71gb"]',
+        "shards_per_gpu": "4",
+    }
+    response = staff.post("/admin/clusters/partition/add/", partition_form(cluster, gpu, **changes))
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    partition = cluster.partitions.get()
+    assert (partition.share_kinds, partition.mig_profiles, partition.shards_per_gpu) == (
+        ["whole", "mig", "shard"], ["3g.71gb"], 4,
+    )  # fmt: skip
