@@ -6,6 +6,7 @@ from decimal import Decimal
 from django import forms
 from django.utils.translation import gettext_lazy as _
 
+from clusters.shares import ShareKind, mig_profiles
 from tenants.models import Role
 from tenants.serializers import MAX_GPU_HOURS, MAX_GPUS
 
@@ -14,9 +15,23 @@ DATE = forms.DateInput(attrs={"type": "date"})
 
 class QuotaRequestForm(forms.Form):
     gpu_model = forms.ChoiceField(label=_("GPU model"))
-    gpus = forms.IntegerField(label=_("GPUs"), min_value=1, max_value=MAX_GPUS)
+    share = forms.ChoiceField(
+        label=_("Share of a GPU"),
+        choices=ShareKind.choices,
+        initial=ShareKind.WHOLE,
+        required=False,
+        help_text=_("What each GPU asked for is: a whole device, a MIG instance, a slice or a shard."),
+    )
+    mig_profile = forms.ChoiceField(label=_("MIG profile"), required=False)
+    gpus = forms.IntegerField(
+        label=_("GPUs"),
+        min_value=1,
+        max_value=MAX_GPUS,
+        help_text=_("At once, in units of the share: devices, MIG instances, slices or shards."),
+    )
     gpu_hours = forms.DecimalField(
         label=_("GPU-hours"),
+        help_text=_("Device-equivalent: a MIG instance, slice or shard counts its part of a device."),
         max_digits=12,
         decimal_places=2,
         min_value=Decimal("0.01"),
@@ -33,6 +48,19 @@ class QuotaRequestForm(forms.Form):
         self.fields["gpu_model"].choices = [
             (r.gpu_model.slug, f"#{r.rank} {r.gpu_model.name}") for r in ranking
         ]
+        # every MIG profile of the scenario's models, each with the models that have it and the
+        # part of a device it counts: the service checks the pair
+        profiles: dict[str, list[str]] = {}
+        for r in ranking:
+            for profile in mig_profiles(r.gpu_model.mig_profiles):
+                counts = f"{r.gpu_model.name} {profile.fraction.normalize()}"
+                profiles.setdefault(profile.name, []).append(counts)
+        self.fields["mig_profile"].choices = [("", "—")] + [
+            (name, f"{name} ({', '.join(models)})") for name, models in profiles.items()
+        ]
+
+    def clean_share(self) -> str:
+        return self.cleaned_data["share"] or ShareKind.WHOLE
 
 
 class MemberAddForm(forms.Form):
