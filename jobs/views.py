@@ -6,6 +6,7 @@ shown is active, and stop polling (their re-render carries no trigger) once all 
 
 import re
 from datetime import timedelta
+from decimal import Decimal
 from itertools import pairwise
 
 from django.conf import settings
@@ -21,10 +22,11 @@ from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from clusters.selectors import scenario_list
+from clusters.selectors import cluster_list, scenario_list
+from clusters.shares import SHARD_WARNING, Share
 from jobs import services
 from jobs.filters import JobFilter
-from jobs.forms import JobSubmitForm
+from jobs.forms import PARAM_PREFIX, JobSubmitForm
 from jobs.job_templates import templates_for
 from jobs.models import Job, JobGpuSample, JobState, Priority
 from jobs.selectors import (
@@ -37,7 +39,7 @@ from jobs.selectors import (
     usage_of,
 )
 from jobs.states import END_STATES
-from portal.core.errors import Conflict, Forbidden, PortalError, Unavailable
+from portal.core.errors import Conflict, Forbidden, Invalid, PortalError, Unavailable
 from portal.core.serializers import ID_LOOKUP
 from tenants import roles
 from tenants.models import Tenant
@@ -50,7 +52,7 @@ from tenants.pages import (
     tenant_context,
     tenant_or_404,
 )
-from tenants.selectors import granted_gpu_models_of, grants_not_ended_of, members_of
+from tenants.selectors import grants_active_of, grants_not_ended_of, members_of
 
 ID_RE = re.compile(ID_LOOKUP)
 PAGE_ROWS = 50
@@ -70,6 +72,11 @@ def _is_htmx(request: HttpRequest) -> bool:
 def _vary(response: HttpResponse) -> HttpResponse:
     patch_vary_headers(response, ["HX-Request"])
     return response
+
+
+def _plain(value: Decimal) -> str:
+    """A ledger figure without its trailing zeros: 0.5 rather than 0.5000, 10 rather than 1E+1."""
+    return f"{value.normalize():f}"
 
 
 def _job_or_404(request: HttpRequest, tenant: Tenant, job_id: int) -> Job:
@@ -303,8 +310,10 @@ def _live_context(request: HttpRequest, job: Job) -> dict:
         "can_cancel": detailed and not ended and job.state != JobState.CANCELLING,
         "events": job.events.all(),
         "elapsed": _duration(elapsed) if elapsed is not None else None,
-        # Running jobs have no charge yet: GPUs × time so far, shown as an estimate.
-        "gpu_hours_so_far": round(job.gpus * elapsed.total_seconds() / 3600, 2)
+        "device_fraction": _plain(job.device_fraction),
+        "device_gpus": _plain(job.device_gpus),
+        # Running jobs have no charge yet: device-equivalent GPUs × time so far, an estimate.
+        "gpu_hours_so_far": round(float(job.device_gpus) * elapsed.total_seconds() / 3600, 2)
         if elapsed and not ended
         else None,
     }
@@ -396,35 +405,78 @@ def job_cancel(request: HttpRequest, slug: str, job_id: int) -> HttpResponse:
 
 
 def _submit_choices(request: HttpRequest, tenant: Tenant, scenario) -> tuple[list, list]:
-    """The GPU models of the tenant's active grants for the scenario, and its templates."""
+    """The tenant's active grants for the scenario (the GPU models and shares the form offers),
+    and its templates."""
     if scenario is None:
         return [], []
-    gpu_models = granted_gpu_models_of(
-        user=request.user, tenant=tenant, scenario=scenario, day=timezone.localdate()
+    grants = grants_active_of(user=request.user, tenant=tenant, day=timezone.localdate()).filter(
+        scenario=scenario
     )
-    return gpu_models, templates_for(scenario.slug)
+    return list(grants), templates_for(scenario.slug)
 
 
-def _submit_form(request: HttpRequest, tenant: Tenant) -> dict:
-    """The submit form for the scenario asked (GET ?scenario= or the POSTed one), bound to a POST."""
+def _enabled_partitions() -> list:
+    """The enabled clusters' partitions, each with its cluster: where the form's shares come from."""
+    return [partition for cluster in cluster_list() for partition in cluster.partitions.all()]
+
+
+def _submit_form(request: HttpRequest, tenant: Tenant, *, refresh: bool = False) -> dict:
+    """The submit form for the scenario asked (GET ?scenario= or the POSTed one), bound to a POST.
+
+    With `refresh` (the live check): when the model, the partition or the share changed since
+    the page drew the share fields, or the template since it drew the parameters (their hidden
+    share_context and parameters_for say which), the data takes what the new choices offer (a
+    partition and a share they give, the template's defaults) and those parts are drawn again."""
     scenarios, scenario = pick_scenario(request, scenario_list().only("slug", "name"))
-    gpu_models, templates = _submit_choices(request, tenant, scenario)
-    form = JobSubmitForm(
-        request.POST if request.method == "POST" else None, gpu_models=gpu_models, templates=templates
-    )
+    grants, templates = _submit_choices(request, tenant, scenario)
+    partitions = _enabled_partitions() if grants else []
+    data = request.POST if request.method == "POST" else None
+
+    def form_of(data) -> JobSubmitForm:
+        return JobSubmitForm(data, grants=grants, partitions=partitions, templates=templates)
+
+    form = form_of(data)
+    parts = {"refresh_share": False, "refresh_parameters": False}
+    if refresh and data is not None:
+        if form.share_context != data.get("share_context"):
+            data, parts["refresh_share"] = form.normalized(data), True
+            form = form_of(data)
+        if (data.get("template") or "") != data.get("parameters_for"):
+            data, parts["refresh_parameters"] = form.with_template_defaults(data), True
+            form = form_of(data)
     if request.method == "POST" and scenario is None:
         form.add_error(None, _("Choose a scenario."))
-    return {"form": form, "scenarios": scenarios, "scenario": scenario, "templates": templates}
+    context = {"form": form, "data": data, "scenarios": scenarios, "scenario": scenario}
+    return parts | context | {"shard_warning": SHARD_WARNING}
 
 
 def _job_request(tenant: Tenant, scenario, form: JobSubmitForm) -> services.JobRequest:
-    gpu_model = next(m for m in form.gpu_models if m.slug == form.cleaned_data["gpu_model"])
+    data = form.cleaned_data
+    gpu_model = next(m for m in form.gpu_models if m.slug == data["gpu_model"])
     return services.JobRequest(
         tenant=tenant,
         scenario=scenario,
         gpu_model=gpu_model,
-        **{k: form.cleaned_data[k] for k in SUBMIT_FIELDS},
+        share=Share(data["share"], data["mig_profile"], data["gpu_memory_mib"], data["gpu_cores_pct"]),
+        cluster=data["cluster"],
+        **{k: data[k] for k in SUBMIT_FIELDS},
     )
+
+
+def _errors_on_form(form: JobSubmitForm, exc: PortalError) -> None:
+    """A service's error on the form, each next to its field: a template's `parameters.<name>`
+    on that parameter's own field, `gpus_per_node` (a template's shape) on the GPUs."""
+    if isinstance(exc, Invalid):
+        errors = {}
+        for name, messages_ in exc.extra["errors"].items():
+            field, _dot, part = name.partition(".")
+            if field == "parameters" and PARAM_PREFIX + part in form.fields:
+                name = PARAM_PREFIX + part
+            elif name == "gpus_per_node":
+                name = "gpus"
+            errors.setdefault(name, []).extend(messages_)
+        exc = Invalid(errors)
+    form_errors_from(form, exc)
 
 
 @login_required
@@ -444,7 +496,7 @@ def job_new(request: HttpRequest, slug: str) -> HttpResponse:
                     user=request.user, request=_job_request(tenant, parts["scenario"], form)
                 )
             except PortalError as exc:
-                form_errors_from(form, exc)
+                _errors_on_form(form, exc)
             else:
                 messages.success(request, _("Job %(id)s submitted.") % {"id": job.pk})
                 return redirect("job-detail", slug=tenant.slug, job_id=job.pk)
@@ -457,25 +509,30 @@ def job_new(request: HttpRequest, slug: str) -> HttpResponse:
 @require_POST
 def job_check(request: HttpRequest, slug: str) -> HttpResponse:
     """The submit form's check as the person types (htmx): the errors of each field filled in,
-    and a preview of what would run (partition, resources, GPU-hours, the script), built by
-    job_preview with the same rules as job_submit and nothing written."""
+    and a preview of what would run (partition, share, resources, device-equivalent GPU-hours,
+    the script), built by job_preview with the same rules as job_submit and nothing written.
+    The share fields and the template's parameters come back too when what they depend on
+    changed (_submit_form's refresh)."""
     tenant = tenant_or_404(request, slug)
     require_or_403(request.user, tenant, roles.SUBMIT_JOB)
-    parts = _submit_form(request, tenant)
-    form, preview = parts["form"], None
+    parts = _submit_form(request, tenant, refresh=True)
+    form, data, preview = parts["form"], parts["data"], None
     if form.is_valid():
+        job_request = _job_request(tenant, parts["scenario"], form)
         try:
-            preview = services.job_preview(request=_job_request(tenant, parts["scenario"], form))
+            preview = services.job_preview(request=job_request)
         except PortalError as exc:
-            form_errors_from(form, exc)
+            _errors_on_form(form, exc)
     # While the person types, a field left empty is not yet an error; one filled in wrongly is.
-    touched = {name for name in form.fields if request.POST.get(name, "").strip()}
-    field_errors = [
-        (form[name], form.errors.get(name, []) if name in touched else []) for name in form.fields
-    ]
-    context = {"tenant": tenant, "form": form, "preview": preview, "field_errors": field_errors}
+    shown = form.shown_field_names()
+    touched = {name for name in shown if data.get(name, "").strip()}
+    field_errors = [(form[name], form.errors.get(name, []) if name in touched else []) for name in shown]
+    context = parts | {"tenant": tenant, "preview": preview, "field_errors": field_errors}
     if preview is not None:
         context["priority_label"] = Priority(preview.priority).label
+        context["share"] = job_request.share
+        context["fraction"] = _plain(preview.device_fraction)
+        context["devices"] = _plain(form.cleaned_data["gpus"] * preview.device_fraction)
     return _vary(render(request, "jobs/_check.html", context))
 
 
@@ -489,4 +546,5 @@ SUBMIT_FIELDS = (
     "script",
     "template",
     "parameters",
+    "partition",
 )

@@ -11,7 +11,7 @@ from django.contrib.auth.models import AbstractBaseUser, Permission
 from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 
-from clusters.models import Cluster, ClusterKind, GpuModel, IdentityCheck, JobIdentity, Scenario
+from clusters.models import Cluster, ClusterKind, IdentityCheck, JobIdentity
 from portal.core.compiled import CompiledQuery
 from portal.core.models import AuditEvent
 from portal.core.staff import DECIDE_QUOTA, PLATFORM_ADMIN, is_platform_admin, sees_all_tenants
@@ -194,16 +194,6 @@ def grants_active_of(*, user: AbstractBaseUser, tenant: Tenant, day: date) -> Qu
 def granted_gpu_model_ids_of(*, user: AbstractBaseUser, tenant: Tenant, day: date) -> set[int]:
     """The ids of the GPU models that the tenant's grants in force on `day` cover."""
     return set(grants_active_of(user=user, tenant=tenant, day=day).values_list("gpu_model_id", flat=True))
-
-
-def granted_gpu_models_of(
-    *, user: AbstractBaseUser, tenant: Tenant, scenario: Scenario, day: date
-) -> list[GpuModel]:
-    """The GPU models of the tenant's grants for the scenario in force on `day`, each once, by
-    slug: what the submit form offers."""
-    grants = grants_active_of(user=user, tenant=tenant, day=day).filter(scenario=scenario)
-    by_slug = {grant.gpu_model.slug: grant.gpu_model for grant in grants.order_by("gpu_model__slug")}
-    return list(by_slug.values())
 
 
 def audit_visible_to(*, user: AbstractBaseUser) -> QuerySet[AuditEvent]:

@@ -181,6 +181,8 @@
     if (!button || !form) return;
     form.elements.gpu_model.value = button.dataset.gpuModel;
     form.elements.gpus.value = button.dataset.gpus;
+    if (form.elements.share) form.elements.share.value = button.dataset.share || "whole";
+    if (form.elements.mig_profile) form.elements.mig_profile.value = button.dataset.migProfile || "";
     form.elements.gpu_hours.value = button.dataset.gpuHours;
     form.elements.gpus.focus();
   });

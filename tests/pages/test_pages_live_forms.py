@@ -18,7 +18,7 @@ HTMX = {"HTTP_HX_REQUEST": "true"}
 def body(**overrides) -> dict:
     return {
         "scenario": "ai-training", "gpu_model": "h100-80gb", "gpus": "2", "nodes": "1", "walltime_minutes": "5",
-        "name": "hello", "priority": "", "template": "", "parameters": "", "script": "#!/bin/bash\necho hi\n",
+        "name": "hello", "priority": "", "template": "", "script": "#!/bin/bash\necho hi\n",
         "env": "FOO=bar\n",
     } | overrides  # fmt: skip
 
@@ -47,11 +47,7 @@ def test_the_check_previews_what_would_run_and_writes_nothing(web, member, grant
 
 
 def test_a_template_previews_its_rendered_script(web, member, grant, local_partition):
-    page = (
-        web(member)
-        .post(CHECK, body(script="", template="python", parameters='{"script": "train.py"}'))
-        .content
-    )
+    page = web(member).post(CHECK, body(script="", template="python", param_script="train.py")).content
     assert b"train.py" in page and b'id="preview-script"' in page
 
 

@@ -45,6 +45,12 @@ def request_quota(page: Page, base: str) -> None:
     expect(form.get_by_label("GPU model")).to_have_value("h100-80gb")
     gpus = int(use.get_attribute("data-gpus"))
     expect(form.get_by_label("GPUs", exact=True)).to_have_value(str(gpus))
+    # a 1B model fits in part of one H100: the advice proposes a MIG instance, and the form takes it
+    assert use.get_attribute("data-share") == "mig"
+    expect(form.get_by_label("Share of a GPU")).to_have_value("mig")
+    expect(form.get_by_label("MIG profile")).to_have_value(use.get_attribute("data-mig-profile"))
+    form.get_by_label("Share of a GPU").select_option("whole")  # the local cluster gives whole GPUs
+    form.get_by_label("MIG profile").select_option("")
     form.get_by_label("GPUs", exact=True).fill("4")  # the local cluster has four
     form.get_by_label("GPU-hours", exact=True).fill("20")
     form.get_by_label("Start").fill(TODAY.isoformat())

@@ -16,7 +16,7 @@ URL = "/t/protein-lab/jobs/new/"
 def body(**overrides) -> dict:
     return {
         "scenario": "ai-training", "gpu_model": "h100-80gb", "gpus": "2", "nodes": "1", "walltime_minutes": "5",
-        "name": "hello", "priority": "", "template": "", "parameters": "", "script": "#!/bin/bash\necho hi\n",
+        "name": "hello", "priority": "", "template": "", "script": "#!/bin/bash\necho hi\n",
         "env": "FOO=bar\nEMPTY=\n",
     } | overrides  # fmt: skip
 
@@ -50,16 +50,18 @@ def test_a_member_submits_and_lands_on_the_job_page(web, member, grant, local_pa
 
 
 def test_a_template_with_parameters_renders_the_script(web, member, grant, local_partition):
-    response = web(member).post(URL, body(script="", template="python", parameters='{"script": "train.py"}'))
+    response = web(member).post(URL, body(script="", template="python", param_script="train.py"))
     assert response.status_code == 302
     assert "train.py" in Job.objects.get().script
 
 
 def test_form_errors_are_named_next_to_their_fields(web, member, grant, local_partition):
-    response = web(member).post(URL, body(gpus="0", name="", env="NOT A LINE", parameters="{x"))
+    response = web(member).post(
+        URL, body(gpus="0", name="", env="NOT A LINE", script="", template="torchrun", param_max_restarts="x")
+    )
     assert response.status_code == 400
     form = response.context["form"]
-    assert set(form.errors) >= {"gpus", "name", "env", "parameters"}
+    assert set(form.errors) >= {"gpus", "name", "env", "param_max_restarts", "param_script"}
     page = response.content.decode()
     assert "Line 1 is not NAME=value." in page and 'class="error field-error"' in page
     assert not Job.objects.exists()
@@ -72,7 +74,11 @@ def test_form_errors_are_named_next_to_their_fields(web, member, grant, local_pa
         ({"walltime_minutes": "600"}, "walltime_minutes", "At most 60 minutes"),
         ({"env": "PATH=/x"}, "env", "set by the portal"),
         ({"script": "echo no shebang"}, "script", "starts with #!"),
-        ({"script": "", "template": "python", "parameters": "{}"}, "parameters", "script"),
+        (
+            {"script": "", "template": "python", "param_script": "../up.py"},
+            "param_script",
+            "working directory",
+        ),
     ],
 )
 def test_the_services_errors_show_next_to_their_field(
