@@ -197,18 +197,15 @@ def k8s_pod_resources(
     """The extended resources of one pod (one node's part of a job): `resource` is the model's
     whole-device resource (nvidia.com/gpu, huawei.com/Ascend910B…). A slice is one shared
     device per pod, with its caps (HAMi counts gpumem and gpucores per device)."""
-    if kind == ShareKind.MIG:
-        return {f"nvidia.com/mig-{mig_profile}": per_node}
     if kind == ShareKind.SLICE:
-        names = SLICE_RESOURCES.get(vendor)
-        if names is None:
-            raise ValueError(f"{vendor} devices have no shared slices on Kubernetes")
+        names = _slice_resources(vendor)
         memory = memory_mib // names.memory_unit_mib
         found = {names.count or resource: 1, names.memory.format(resource=resource): memory}
         if names.cores:
             found[names.cores] = cores_pct
         return found
-    return {resource: per_node}
+    whole_or_mig = {"vendor": vendor, "resource": resource, "kind": kind, "mig_profile": mig_profile}
+    return k8s_quota_resources(**whole_or_mig, units=per_node)
 
 
 def k8s_quota_resources(
@@ -219,11 +216,15 @@ def k8s_quota_resources(
     if kind == ShareKind.MIG:
         return {f"nvidia.com/mig-{mig_profile}": units}
     if kind == ShareKind.SLICE:
-        names = SLICE_RESOURCES.get(vendor)
-        if names is None:
-            raise ValueError(f"{vendor} devices have no shared slices on Kubernetes")
-        return {names.count or resource: units}
+        return {_slice_resources(vendor).count or resource: units}
     return {resource: units}
+
+
+def _slice_resources(vendor: str) -> SliceResources:
+    names = SLICE_RESOURCES.get(vendor)
+    if names is None:
+        raise ValueError(f"{vendor} devices have no shared slices on Kubernetes")
+    return names
 
 
 # --- Which variables pin a local job to its devices

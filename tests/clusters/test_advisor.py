@@ -5,6 +5,7 @@ import pytest
 
 from clusters import advisor
 from clusters.models import GpuModel, Scenario, ScenarioGpu
+from tests.advisor_support import option, ranked
 from tests.api_support import assert_problem
 from tests.factories import seed_catalog
 
@@ -15,15 +16,6 @@ pytestmark = pytest.mark.django_db
 def catalog():
     if not GpuModel.objects.exists():
         seed_catalog()
-
-
-def ranked(slug: str) -> list[GpuModel]:
-    entries = ScenarioGpu.objects.filter(scenario__slug=slug).select_related("gpu_model").order_by("rank")
-    return [e.gpu_model for e in entries]
-
-
-def option(advice: advisor.Advice, slug: str) -> advisor.Option:
-    return next(o for o in advice.options if o.gpu_model == slug)
 
 
 # --- AI training ---------------------------------------------------------------------------------

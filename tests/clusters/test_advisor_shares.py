@@ -11,8 +11,9 @@ import pytest
 from drf_spectacular.generators import SchemaGenerator
 
 from clusters import advisor
-from clusters.models import GpuModel, ScenarioGpu
+from clusters.models import GpuModel
 from jobs.serializers import JobIn
+from tests.advisor_support import option, ranked
 from tests.factories import seed_catalog
 
 pytestmark = pytest.mark.django_db
@@ -26,15 +27,6 @@ SMALL_MD = advisor.MdJob(atoms=20_000, ns_per_day=200, simulated_ns=1000)
 def catalog():
     if not GpuModel.objects.exists():
         seed_catalog()
-
-
-def ranked(slug: str) -> list[GpuModel]:
-    entries = ScenarioGpu.objects.filter(scenario__slug=slug).select_related("gpu_model").order_by("rank")
-    return [e.gpu_model for e in entries]
-
-
-def option(advice: advisor.Advice, slug: str) -> advisor.Option:
-    return next(o for o in advice.options if o.gpu_model == slug)
 
 
 def md_one_gpu(slug: str, atoms: int = 50_000, timestep_fs: float = 2) -> float:
