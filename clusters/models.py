@@ -359,12 +359,13 @@ class Partition(models.Model):
 
 
 def share_check(
-    gpu_model: GpuModel, share: shares.Share, *, partition: Partition | None = None
+    gpu_model: GpuModel, share: shares.Share, *, partition: Partition | None = None, unit_only: bool = False
 ) -> Decimal | None:
     """What one unit of the share counts of a device of the model (clusters/shares.py), once
     checked against what the model, and the partition when given, can give: a ValidationError
     naming the field (share, mig_profile, gpu_memory_mib, gpu_cores_pct) otherwise. None for a
-    shard without a partition: its size is the partition's."""
+    shard without a partition: its size is the partition's. `unit_only`: the unit of a quota
+    request, whose slices have no caps yet (each job names its own); None for a slice then."""
     kind = share.kind
     offered = partition.share_kinds if partition is not None else gpu_model.share_kinds
     where = str(partition) if partition is not None else gpu_model.name
@@ -385,7 +386,9 @@ def share_check(
             }
     elif share.mig_profile:
         errors["mig_profile"] = _("Only a MIG share names a profile.")
-    if kind == ShareKind.SLICE:
+    if kind == ShareKind.SLICE and unit_only:
+        pass
+    elif kind == ShareKind.SLICE:
         step = shares.slice_memory_unit_mib(gpu_model.vendor)
         if not 1 <= share.memory_mib <= gpu_model.memory_mib:
             errors["gpu_memory_mib"] = _("A slice of %(model)s holds 1 to %(max)s MiB.") % {
@@ -408,6 +411,8 @@ def share_check(
         raise ValidationError(errors)
     if kind == ShareKind.MIG:
         return profile.fraction
+    if kind == ShareKind.SLICE and unit_only:
+        return None
     if kind == ShareKind.SLICE:
         return shares.slice_fraction(
             memory_mib=share.memory_mib, cores_pct=share.cores_pct, memory_gb=gpu_model.memory_gb
@@ -420,8 +425,9 @@ def share_check(
 def units_per_node(partition: Partition, share: shares.Share) -> int:
     """The most units of the share one node of the partition holds."""
     if share.kind == ShareKind.MIG:
-        profile = partition.gpu_model.mig_profile(share.mig_profile)
-        return partition.gpus_per_node * (profile.instances_max if profile else 0)
+        # One instance per node: CUDA shows a process one MIG instance only, and no two instances
+        # talk peer to peer, so a node's ranks cannot share a job's several instances.
+        return 1
     if share.kind == ShareKind.SHARD:
         return partition.gpus_per_node * partition.shards_per_gpu
     if share.kind == ShareKind.SLICE:

@@ -69,11 +69,16 @@ class Job(models.Model):
     nodes = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
     # What each of `gpus` is (clusters/shares.py), and what it counts of a device: GPU-hours are
     # gpus × device_fraction × hours, and admission fills a partition by the same figure.
-    share = models.CharField(max_length=8, choices=ShareKind.choices, default=ShareKind.WHOLE)
-    mig_profile = models.CharField(max_length=32, blank=True)
-    gpu_memory_mib = models.PositiveIntegerField(default=0)
-    gpu_cores_pct = models.PositiveSmallIntegerField(default=0)
-    device_fraction = models.DecimalField(max_digits=5, decimal_places=4, default=Decimal(1))
+    # db_default too: rows written by raw SQL or COPY (the bench's seed and floor) are whole GPUs.
+    share = models.CharField(
+        max_length=8, choices=ShareKind.choices, default=ShareKind.WHOLE, db_default=ShareKind.WHOLE.value
+    )
+    mig_profile = models.CharField(max_length=32, blank=True, db_default="")
+    gpu_memory_mib = models.PositiveIntegerField(default=0, db_default=0)
+    gpu_cores_pct = models.PositiveSmallIntegerField(default=0, db_default=0)
+    device_fraction = models.DecimalField(
+        max_digits=5, decimal_places=4, default=Decimal(1), db_default=Decimal(1)
+    )
     walltime_minutes = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
     cpus_per_gpu = models.PositiveSmallIntegerField()

@@ -44,6 +44,13 @@ def tenant_limits(*, tenant: Tenant, cluster: Cluster) -> TenantLimits:
             model = grant.gpu_model
             if grant.share == ShareKind.SHARD:
                 shards += grant.gpus
+            elif grant.share == ShareKind.SLICE:
+                # Slurm gives no slices: they count on Kubernetes alone (HAMi's count of shared
+                # devices), never as Slurm GPUs or GPU-minutes
+                for name, count in k8s_quota_resources(
+                    vendor=model.vendor, resource=model.k8s_resource, kind=grant.share, units=grant.gpus
+                ).items():
+                    k8s[name] = k8s.get(name, 0) + count
             else:
                 gpu_type = grant.mig_profile if grant.share == ShareKind.MIG else model.slurm_gres
                 gpus_by_type[gpu_type] = gpus_by_type.get(gpu_type, 0) + grant.gpus

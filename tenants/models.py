@@ -152,6 +152,12 @@ class RequestState(models.TextChoices):
     EXPIRED = "expired", _("Expired")
 
 
+def unit_of(share: str, mig_profile: str) -> str:
+    """What a grant's or a request's `gpus` count, in words: whole devices, MIG <profile>
+    instances, slices, shards (no isolation)."""
+    return f"MIG {mig_profile}" if share == ShareKind.MIG else str(ShareKind(share).label)
+
+
 class QuotaGrantQuerySet(models.QuerySet):
     def active_on(self, day) -> "QuotaGrantQuerySet":
         """Grants whose window holds the day (QuotaGrant.is_active_on, in SQL)."""
@@ -173,8 +179,10 @@ class QuotaGrant(models.Model):
     gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="+")
     # The unit of `gpus` (clusters/shares.py): whole devices, MIG instances of mig_profile,
     # slices or shards; gpu_hours are device-equivalent GPU-hours whatever the unit.
-    share = models.CharField(max_length=8, choices=ShareKind.choices, default=ShareKind.WHOLE)
-    mig_profile = models.CharField(max_length=32, blank=True)
+    share = models.CharField(
+        max_length=8, choices=ShareKind.choices, default=ShareKind.WHOLE, db_default=ShareKind.WHOLE.value
+    )
+    mig_profile = models.CharField(max_length=32, blank=True, db_default="")
     gpus = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     gpu_hours = models.DecimalField(max_digits=12, decimal_places=2)
     starts_on = models.DateField()
@@ -206,7 +214,12 @@ class QuotaGrant(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.tenant.slug}: {self.gpus}× {self.gpu_model.slug} for {self.scenario.slug}"
+        unit = "" if self.share == ShareKind.WHOLE else f" ({self.unit})"
+        return f"{self.tenant.slug}: {self.gpus}× {self.gpu_model.slug}{unit} for {self.scenario.slug}"
+
+    @property
+    def unit(self) -> str:
+        return unit_of(self.share, self.mig_profile)
 
     @property
     def gpu_hours_remaining(self) -> Decimal:
@@ -228,8 +241,10 @@ class QuotaRequest(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="quota_requests")
     scenario = models.ForeignKey(Scenario, on_delete=models.PROTECT, related_name="+")
     gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="+")
-    share = models.CharField(max_length=8, choices=ShareKind.choices, default=ShareKind.WHOLE)
-    mig_profile = models.CharField(max_length=32, blank=True)
+    share = models.CharField(
+        max_length=8, choices=ShareKind.choices, default=ShareKind.WHOLE, db_default=ShareKind.WHOLE.value
+    )
+    mig_profile = models.CharField(max_length=32, blank=True, db_default="")
     gpus = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     gpu_hours = models.DecimalField(max_digits=12, decimal_places=2)
     starts_on = models.DateField()
@@ -257,4 +272,9 @@ class QuotaRequest(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"#{self.pk} {self.tenant.slug}: {self.gpus}× {self.gpu_model.slug} ({self.state})"
+        unit = "" if self.share == ShareKind.WHOLE else f" {self.unit}"
+        return f"#{self.pk} {self.tenant.slug}: {self.gpus}× {self.gpu_model.slug}{unit} ({self.state})"
+
+    @property
+    def unit(self) -> str:
+        return unit_of(self.share, self.mig_profile)

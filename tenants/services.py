@@ -218,7 +218,7 @@ def quota_request_create(
         errors["gpu_model"] = f"{gpu_model.slug} is not one of the GPU models that {scenario.slug} lists."
     else:
         try:
-            share_check(gpu_model, Share(share, mig_profile))
+            share_check(gpu_model, Share(share, mig_profile), unit_only=True)
         except ValidationError as exc:
             errors |= exc.message_dict
     if ends_on < starts_on:

@@ -121,8 +121,10 @@ ASCEND_910B = dict(
     k8s_resource="huawei.com/Ascend910B",
     k8s_product="Ascend910B",
 )
+# Whole devices only: HAMi shares an Ascend by vNPU templates (fixed memory and AI cores, e.g. 16 GiB
+# with 5 of 20 cores), not by a free memory cap, so a slice's fraction here would not be what it holds.
 ASCEND_SHARES = (
-    ["whole", "slice"],
+    ["whole"],
     [],
     [
         "Huawei Atlas 800T A2 training server material (64 GB HBM2e, HCCS)",

@@ -17,8 +17,9 @@ Contract with the backends for several nodes:
 
 The accelerator's vendor (GpuModel.vendor) picks what differs between devices: torch.distributed's
 backend and the collective library's variables (ai.py), and whether a tool has a build for the
-devices at all (md.py's GROMACS and LAMMPS have none for Huawei Ascend or Cambricon). The backend
-pins the job to its devices with the vendor's own variables (clusters.shares.VISIBLE_DEVICES).
+devices at all (md.py's GROMACS and LAMMPS have none for Huawei Ascend or Cambricon). The local
+cluster pins a job to its devices with the vendor's own variables (clusters.shares.VISIBLE_DEVICES);
+on Slurm the site's GRES plugin or prolog sets them, on Kubernetes the vendor's device plugin.
 """
 
 from __future__ import annotations

@@ -76,6 +76,27 @@ def test_a_devices_instances_never_add_up_to_more_than_the_device():
 # --- Quota in the share's unit
 
 
+def test_slices_are_requested_without_caps_granted_and_used_by_a_job_with_its_own(
+    client_for, owner, member, admin_user, h200, shared
+):
+    """A slice grant counts slices; each job names its caps. Requested, approved, then a job."""
+    request = {
+        "tenant": "protein-lab", "scenario": "ai-training", "gpu_model": "h200", "share": "slice", "gpus": 4,
+        "gpu_hours": 10, "starts_on": str(timezone.localdate()),
+        "ends_on": str(timezone.localdate() + timedelta(days=30)), "justification": "notebooks",
+    }  # fmt: skip
+    created = client_for(owner).post("/api/v1/quota-requests/", request, format="json")
+    assert created.status_code == 201, created.content
+    approved = client_for(admin_user).post(
+        f"/api/v1/quota-requests/{created.json()['id']}/approve/", {"note": "ok"}
+    )
+    assert approved.status_code == 200
+    fields = {"share": "slice", "gpu_memory_mib": 18048, "gpu_cores_pct": 10}  # an eighth of an H200
+    job = client_for(member).post("/api/v1/jobs/", body(**fields), format="json")
+    assert job.status_code == 201, job.content
+    assert (job.json()["device_fraction"], job.json()["gpu_hours_reserved"]) == (0.125, 0.13)
+
+
 def test_quota_is_requested_and_granted_in_mig_instances(client_for, owner, admin_user, h200):
     request = {
         "tenant": "protein-lab", "scenario": "ai-training", "gpu_model": "h200", "share": "mig",
@@ -133,14 +154,14 @@ def test_mig_on_a_model_without_mig_is_a_400_naming_share(client_for, owner, cat
 def test_a_mig_job_reserves_its_fraction_of_device_hours(client_for, member, tenant, h200, shared):
     grant = grant_of(tenant, h200, share="mig", mig_profile="3g.71gb")
     response = client_for(member).post(
-        "/api/v1/jobs/", body(share="mig", mig_profile="3g.71gb", gpus=2), format="json"
+        "/api/v1/jobs/", body(share="mig", mig_profile="3g.71gb"), format="json"
     )
     assert response.status_code == 201, response.content
     job = response.json()
     assert (job["share"], job["mig_profile"], job["device_fraction"]) == ("mig", "3g.71gb", 0.5)
-    assert job["gpu_hours_reserved"] == 1.0  # 2 instances × 0.5 × 1 hour
+    assert job["gpu_hours_reserved"] == 0.5  # 1 instance × 0.5 × 1 hour
     grant.refresh_from_db()
-    assert grant.gpu_hours_reserved == Decimal(1)
+    assert grant.gpu_hours_reserved == Decimal("0.5")
 
 
 def test_a_slice_job_counts_the_larger_of_its_memory_and_compute_parts(
@@ -161,7 +182,7 @@ def test_a_slice_job_counts_the_larger_of_its_memory_and_compute_parts(
     [
         ({"share": "shard"}, "share"),  # the partition offers no shards
         ({"share": "mig", "mig_profile": "4g.71gb"}, "mig_profile"),  # the model has it, the partition not
-        ({"share": "mig", "mig_profile": "3g.71gb", "gpus": 5}, "gpus"),  # 2 devices × 2 instances per node
+        ({"share": "mig", "mig_profile": "3g.71gb", "gpus": 2}, "gpus"),  # one instance per node
         ({"share": "slice", "gpu_memory_mib": 200_000, "gpu_cores_pct": 10}, "gpu_memory_mib"),
         ({"share": "slice", "gpu_memory_mib": 1000, "gpu_cores_pct": 0}, "gpu_cores_pct"),
         ({"share": "slice", "gpu_memory_mib": 1000, "gpu_cores_pct": 10, "gpus": 2}, "gpus"),  # one per node

@@ -27,12 +27,14 @@ PRINT_SHARE = "#!/bin/bash\necho gres=$SLURM_JOB_GPUS shards=${SLURM_SHARDS_ON_N
 @pytest.fixture
 def share_tenant(testbed):
     """A tenant of its own (Slurm accounts outlive the test database) with a grant of one MIG
-    3g.71gb instance and one of two shards, on the testbed's H200 node; applied to Slurm."""
+    3g.71gb instance, one of two shards and one of slices (which Slurm does not give), on the
+    testbed's H200 node; applied to Slurm."""
     tenant = Tenant.objects.create(slug=f"share-{uuid.uuid4().hex[:8]}", name="Shares")
     user = join(tenant, f"{tenant.slug}-member", Role.MEMBER)
     pair = (Scenario.objects.get(slug="ai-training"), GpuModel.objects.get(slug="h200"))
     QuotaGrantFactory(tenant=tenant, pair=pair, share="mig", mig_profile="3g.71gb", gpus=1, gpu_hours=10)
     QuotaGrantFactory(tenant=tenant, pair=pair, share="shard", gpus=2, gpu_hours=10)
+    QuotaGrantFactory(tenant=tenant, pair=pair, share="slice", gpus=5, gpu_hours=10)  # Kubernetes' alone
     tenant_apply(tenant_id=tenant.pk, cluster_id=testbed.pk)
     yield tenant, user
     backend = SlurmBackend(cluster_config(testbed))
@@ -64,6 +66,7 @@ def test_slurm_holds_the_tenants_typed_mig_and_shard_limits(testbed, share_tenan
     assert limits["gres/gpu:3g.71gb"] == "1"
     assert limits["gres/shard"] == "2"
     assert limits["gres/gpu:1g.18gb"] == "0" and limits["gres/gpu:h200"] == "0"  # not granted: none
+    assert limits["gres/gpu"] == "1"  # the MIG instance; the slices are no Slurm GPUs
 
 
 def test_a_mig_job_gets_its_instance_and_is_charged_half_a_device(

@@ -140,20 +140,23 @@ def test_the_preview_shows_the_device_fraction_and_device_equivalent_gpu_hours(
     web, member, grant, mig_grant, offering
 ):
     check = body(
-        share="mig", mig_profile="3g.40gb", partition="local/local", share_context="h100-80gb|local/local|mig"
-    )
+        share="mig", mig_profile="3g.40gb", partition="local/local", share_context="h100-80gb|local/local|mig",
+        gpus="1",
+    )  # fmt: skip
     page = web(member).post(CHECK, check, **HTMX).content.decode()
     assert re.search(r'id="preview-share">\s*MIG 3g.40gb\s*<', page)
-    assert "0.5 of a device per unit; device-equivalents in all: 1<" in page
-    # 2 instances × 0.5 × 30 minutes, from the MIG grant's 50 hours
-    assert "0.50 of the 50.00 left on the grant" in page
+    assert "0.5 of a device per unit; device-equivalents in all: 0.5<" in page
+    # 1 instance (one per node) × 0.5 × 30 minutes, from the MIG grant's 50 hours
+    assert "0.25 of the 50.00 left on the grant" in page
 
 
 # --- Submitting a share
 
 
 def test_a_mig_job_is_submitted_in_its_unit_on_its_grant(web, member, grant, mig_grant, offering):
-    response = web(member).post(URL, body(share="mig", mig_profile="3g.40gb", partition="local/local"))
+    response = web(member).post(
+        URL, body(share="mig", mig_profile="3g.40gb", partition="local/local", gpus="1")
+    )
     assert response.status_code == 302, response.context["form"].errors
     job = Job.objects.get()
     assert (job.share, job.mig_profile, job.device_fraction, job.grant) == (
@@ -162,7 +165,7 @@ def test_a_mig_job_is_submitted_in_its_unit_on_its_grant(web, member, grant, mig
         Decimal("0.5"),
         mig_grant,
     )
-    assert job.reserved_gpu_hours == Decimal("0.5")
+    assert job.reserved_gpu_hours == Decimal("0.25")
     assert (job.gpu_memory_mib, job.gpu_cores_pct) == (0, 0)
 
 
@@ -411,6 +414,7 @@ def test_a_member_sees_exactly_the_granted_shares_and_submits_a_mig_job_in_chrom
             ["Any partition", "Hpc / gpu", "Local / local"]
         )
         _fill_basics(page, name="mig-job")
+        page.get_by_label("GPUs", exact=True).fill("1")  # a MIG job has one instance per node
         page.get_by_label("Batch script").fill("#!/bin/bash\nnvidia-smi -L\n")
         page.get_by_label("Partition").select_option("local/local")
         share.select_option("mig")
@@ -418,15 +422,15 @@ def test_a_member_sees_exactly_the_granted_shares_and_submits_a_mig_job_in_chrom
         expect(page.locator("#shard-warning")).to_have_count(0)
         expect(page.locator("#preview-share")).to_have_text("MIG 3g.40gb")
         expect(page.locator("#preview-fraction")).to_have_text(
-            "0.5 of a device per unit; device-equivalents in all: 1"
+            "0.5 of a device per unit; device-equivalents in all: 0.5"
         )
-        expect(page.locator("#preview-gpu-hours")).to_have_text("0.50 of the 50.00 left on the grant")
+        expect(page.locator("#preview-gpu-hours")).to_have_text("0.25 of the 50.00 left on the grant")
         screenshot(page, "job-new-mig")
         page.get_by_role("button", name="Submit job").click()
         page.wait_for_url(f"{base}/t/protein-lab/jobs/*/")
-        expect(page.locator("#job-gpus")).to_have_text("2 × H100-80GB (MIG 3g.40gb)")
+        expect(page.locator("#job-gpus")).to_have_text("1 × H100-80GB (MIG 3g.40gb)")
         expect(page.locator("#job-fraction")).to_have_text(
-            "0.5 of a device per unit; device-equivalents in all: 1"
+            "0.5 of a device per unit; device-equivalents in all: 0.5"
         )
         page.goto(f"{base}/t/protein-lab/jobs/")
         expect(page.locator("#job-rows")).to_contain_text("(MIG 3g.40gb)")
@@ -436,7 +440,7 @@ def test_a_member_sees_exactly_the_granted_shares_and_submits_a_mig_job_in_chrom
         expect(units.filter(has_text="whole GPU")).to_have_count(1)
         screenshot(page, "quota-units")
         job = outside_the_browser(lambda: Job.objects.get())
-    assert (job.name, job.share, job.mig_profile, job.gpus) == ("mig-job", "mig", "3g.40gb", 2)
+    assert (job.name, job.share, job.mig_profile, job.gpus) == ("mig-job", "mig", "3g.40gb", 1)
     assert (job.device_fraction, job.grant_id, job.partition_id) == (
         Decimal("0.5"),
         mig_grant.pk,
@@ -553,6 +557,7 @@ def test_a_share_the_partition_no_longer_offers_shows_the_error_on_the_share_fie
         log_in(page, base, "member")
         page.goto(f"{base}{URL}?scenario=ai-training")
         _fill_basics(page, name="too-late")
+        page.get_by_label("GPUs", exact=True).fill("1")
         page.get_by_label("Batch script").fill("#!/bin/bash\necho hi\n")
         page.get_by_label("Partition").select_option("local/local")
         page.get_by_label("Share of a GPU").select_option("mig")
