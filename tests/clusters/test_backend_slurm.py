@@ -257,6 +257,11 @@ def test_poll_of_200_jobs_runs_one_squeue_and_one_sacct(backend):
             backend.run(["scancel", *ids])
 
 
+# Every GPU type and shard the testbed tracks gets a limit, 0 where nothing is granted: its MIG
+# profiles (typed GRES of the share node) come first in sacctmgr's order.
+UNGRANTED_MIG = "gres/gpu:1g.18gb=0,gres/gpu:3g.71gb=0,"
+
+
 def test_tenant_gpu_limit_holds_the_second_job(backend, portal_tiers):
     account = f"pt{uuid.uuid4().hex[:10]}"
     user = testbed_env()["SLURM_TESTBED_IDENTITY"]
@@ -266,7 +271,8 @@ def test_tenant_gpu_limit_holds_the_second_job(backend, portal_tiers):
         rows = read_assoc(backend, account)
         assert rows == [
             f"{account}|{user}||||portal-normal|portal-normal",
-            f"{account}||portal|gres/gpu:a100=2,gres/gpu:h100=0,gres/gpu=2|gres/gpu=600|portal-normal|portal-normal",
+            f"{account}||portal|{UNGRANTED_MIG}gres/gpu:a100=2,gres/gpu:h100=0,gres/gpu:h200=0,gres/gpu=2,gres/shard=0"
+            "|gres/gpu=600|portal-normal|portal-normal",
         ]
 
         spec = job_spec(
@@ -306,8 +312,8 @@ def test_apply_tenant_twice_writes_nothing_the_second_time(backend, portal_tiers
         backend.apply_tenant(limits)
         first = read_assoc(backend, account)
         assert (
-            f"{account}||portal|gres/gpu:a100=2,gres/gpu:h100=1,gres/gpu=3|gres/gpu=1200|portal-high|portal-high"
-            in first
+            f"{account}||portal|{UNGRANTED_MIG}gres/gpu:a100=2,gres/gpu:h100=1,gres/gpu:h200=0,gres/gpu=3,"
+            "gres/shard=0|gres/gpu=1200|portal-high|portal-high" in first
         )
 
         before = len(backend.commands)
@@ -324,7 +330,8 @@ def test_apply_tenant_twice_writes_nothing_the_second_time(backend, portal_tiers
         backend.apply_tenant(replace(limits, gpus_by_type={"a100": 2}, qos="portal-low", gpu_minutes=60))
         assert read_assoc(backend, account) == [
             f"{account}|{user}||||portal-low|portal-low",
-            f"{account}||portal|gres/gpu:a100=2,gres/gpu:h100=0,gres/gpu=2|gres/gpu=60|portal-low|portal-low",
+            f"{account}||portal|{UNGRANTED_MIG}gres/gpu:a100=2,gres/gpu:h100=0,gres/gpu:h200=0,gres/gpu=2,gres/shard=0"
+            "|gres/gpu=60|portal-low|portal-low",
         ]
     finally:
         delete_account(backend, account)
