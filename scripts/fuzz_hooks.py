@@ -4,8 +4,9 @@ A positive case is one the schema allows, and the positive_data_acceptance check
 to accept it (2xx, or 401/403/404/409/429). The schema cannot state every rule of the domain: a
 slug must name an object that exists, a job must fit the partition it asks for, `to` may not be
 more than 366 days after `from`, an approval may lower the requested figures but not raise them,
-a password must be right, and an alert channel's URL must be on its robot's host and resolve to
-a public address. A random positive case breaks such a rule almost always and is
+a password must be right, an alert channel's URL must be on its robot's host and resolve to
+a public address, and a share's fields must fit its kind (only a MIG share names a profile, only
+a slice has caps) and what the model and partition offer. A random positive case breaks such a rule almost always and is
 refused with a 400 that is the API's correct answer, not a finding.
 
 So each positive case of those operations is completed here with what the stack really holds
@@ -164,6 +165,15 @@ def job(case, body: dict) -> None:
         body["priority"] = cap
     body.pop("template", None)
     body.pop("parameters", None)
+    whole_devices(body)
+
+
+def whole_devices(body: dict) -> None:
+    """Whole devices: the stack's partitions and grants are in them, and a share's other fields
+    belong to its kind alone (docs/api.md, Shares of a GPU)."""
+    body["share"] = "whole"
+    for name in ("mig_profile", "gpu_memory_mib", "gpu_cores_pct"):
+        body.pop(name, None)
 
 
 def quota_request(case, body: dict) -> None:
@@ -176,6 +186,7 @@ def quota_request(case, body: dict) -> None:
     tomorrow = date.today() + timedelta(days=1)
     starts = _date(body.get("starts_on"), tomorrow)
     body["ends_on"] = max(_date(body.get("ends_on"), starts), starts, tomorrow).isoformat()
+    whole_devices(body)
 
 
 def approval(case, body: dict) -> None:
