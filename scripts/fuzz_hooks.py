@@ -6,8 +6,8 @@ slug must name an object that exists, a job must fit the partition it asks for, 
 more than 366 days after `from`, an approval may lower the requested figures but not raise them,
 a password must be right, an alert channel's URL must be on its robot's host and resolve to
 a public address, and a share's fields must fit its kind (only a MIG share names a profile, only
-a slice has caps) and what the model and partition offer. A random positive case breaks such a rule almost always and is
-refused with a 400 that is the API's correct answer, not a finding.
+a slice has caps) and what the model and partition offer. A random positive case breaks such a
+rule almost always and is refused with a 400 that is the API's correct answer, not a finding.
 
 So each positive case of those operations is completed here with what the stack really holds
 (read over the API with the run's token, right before the case is sent): existing slugs, a
