@@ -67,6 +67,8 @@ class ClusterForm(forms.ModelForm):
             "k8s_token",
             "kubeconfig",
             "uses_kueue",
+            "k8s_scratch_gib",
+            "k8s_scratch_storage_class",
             "local_gpus",
         ]
 
@@ -147,6 +149,8 @@ class ClusterAdmin(admin.ModelAdmin):
                     "kubeconfig",
                     "kubeconfig_clear",
                     "uses_kueue",
+                    "k8s_scratch_gib",
+                    "k8s_scratch_storage_class",
                 ]
             },
         ),

@@ -4,7 +4,7 @@ from string import Formatter
 from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator, URLValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator, URLValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
@@ -227,6 +227,19 @@ class Cluster(models.Model):
     uses_kueue = models.BooleanField(default=False)
     k8s_image = models.CharField(
         max_length=255, default="docker.io/library/python:3.11-slim", help_text=_("Container image of jobs")
+    )
+    # Kubernetes: each tenant's scratch claim (portal-scratch), where checkpoints live across a
+    # job's attempts; 0 GiB: none (a restarted job then starts over).
+    k8s_scratch_gib = models.PositiveIntegerField(
+        default=100,
+        validators=[MaxValueValidator(100_000)],
+        help_text=_("Size of each tenant's scratch volume for checkpoints (GiB); 0: no volume"),
+    )
+    k8s_scratch_storage_class = models.CharField(
+        max_length=253,
+        blank=True,
+        validators=[RegexValidator(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")],
+        help_text=_("Storage class of the scratch volume; empty: the cluster's default"),
     )
     # Local: GPUs on the portal's own machine; 0 means "as many as nvidia-smi finds".
     local_gpus = models.PositiveIntegerField(default=0)

@@ -39,6 +39,8 @@ def cluster_config(cluster: Cluster) -> ClusterConfig:
         kubeconfig=cluster.kubeconfig,
         uses_kueue=cluster.uses_kueue,
         k8s_image=cluster.k8s_image,
+        k8s_scratch_gib=cluster.k8s_scratch_gib,
+        k8s_scratch_storage_class=cluster.k8s_scratch_storage_class,
         local_gpus=cluster.local_gpus,
         state_dir=str(settings.VAR_DIR / "local-cluster" / cluster.slug),
         nvidia_smi=settings.LOCAL_NVIDIA_SMI,
@@ -49,6 +51,7 @@ def cluster_config(cluster: Cluster) -> ClusterConfig:
         local_sandbox_ro_paths=tuple(settings.LOCAL_SANDBOX_RO_PATHS),
         local_sandbox_hidden=(str(settings.BASE_DIR), str(settings.VAR_DIR)),
         local_tenant=settings.LOCAL_CLUSTER_TENANT,
+        preempt_grace_s=settings.JOB_PREEMPT_GRACE_S,
     )
 
 

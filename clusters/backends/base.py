@@ -90,6 +90,13 @@ class ClusterConfig:
     k8s_kueue_cluster_queue: str = "portal"
     k8s_job_ttl_s: int = 86_400
     k8s_max_jobs_per_tenant: int = 500
+    # kubernetes backend: each tenant's scratch PersistentVolumeClaim (ReadWriteMany), where its
+    # jobs keep their checkpoints: size in GiB (0: none, and jobs with a checkpoint key are
+    # refused) and StorageClass ("": the cluster's default class, which must offer ReadWriteMany)
+    k8s_scratch_gib: int = 100
+    k8s_scratch_storage_class: str = ""
+    # Slurm: the borrowing QOS's GraceTime, the warning a job preempted by Slurm itself gets
+    preempt_grace_s: int = 300
 
 
 @dataclass(frozen=True)
@@ -127,6 +134,18 @@ class JobSpec:
     mig_profile: str = ""
     gpu_memory_mib: int = 0
     gpu_cores_pct: int = 0
+    # Preemption and restarts (docs/architecture/lending.md). A preemptible job is warned before
+    # it is stopped: Slurm sends USR1 to its batch shell grace_s before (--signal=B:USR1@grace_s),
+    # Kubernetes and the local cluster SIGTERM with grace_s to finish. `borrowing`: it runs on
+    # GPUs lent by another tenant (Slurm: the borrowing QOS, which the tiers' QOS preempt).
+    # checkpoint_key names the job's checkpoint directory in its tenant's scratch, the same for
+    # every attempt (PORTAL_CHECKPOINT_DIR); attempt counts from 1 (PORTAL_ATTEMPT).
+    preemptible: bool = False
+    borrowing: bool = False
+    grace_s: int = 0
+    attempt: int = 1
+    checkpoint_key: str = ""
+    restarts: bool = False  # the portal restarts it after a node failure: the scheduler must not requeue it
 
     @property
     def gpus(self) -> int:
@@ -182,6 +201,11 @@ class TenantLimits:
     gpu_minutes: int  # GPU-minutes granted by the active grants (GrpTRESMins)
     k8s_resources: dict[str, int] = field(default_factory=dict)  # resource name → count (ResourceQuota)
     shards: int = 0  # concurrent Slurm shards (GrpTRES gres/shard)
+    # Its place in a lending cohort (Kueue clusters: the ClusterQueue's cohort, lendingLimit and
+    # borrowingLimit per resource, in the same units as k8s_resources): "" when in none.
+    cohort: str = ""
+    k8s_lending: dict[str, int] = field(default_factory=dict)
+    k8s_borrowing: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -275,6 +299,12 @@ class Backend(Protocol):
     def cancel(self, backend_id: str, *, user: str = "") -> None:
         """Cancel the job, as `user` where the scheduler has users (as the cluster's operator
         when user is "": an orphan that no identity of the portal's owns)."""
+
+    def warn(self, backend_id: str, *, user: str = "", grace_s: int = 0) -> None:
+        """Warn a running job that it will be stopped in grace_s seconds, so that it saves a
+        checkpoint (Slurm: USR1 to its batch shell; Kubernetes: the pods deleted with that grace,
+        SIGTERM first; local: SIGTERM). The portal stops it with cancel() once the grace is out.
+        A job that is not running is left as it is."""
 
     def poll(self, backend_ids: list[str]) -> dict[str, JobStatus]:
         """Status of each job, in a bounded number of scheduler calls whatever the count. A job

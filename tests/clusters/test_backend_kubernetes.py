@@ -137,6 +137,7 @@ def test_apply_tenant_creates_and_is_idempotent(api, backend):
     (limit_range,) = api.objects("LimitRange")
     assert limit_range["spec"]["limits"][0]["max"]["nvidia.com/gpu"] == "8"
     assert sorted(pc["metadata"]["name"] for pc in api.objects("PriorityClass")) == [
+        "portal-borrow",
         "portal-critical",
         "portal-high",
         "portal-low",
@@ -144,13 +145,15 @@ def test_apply_tenant_creates_and_is_idempotent(api, backend):
     ]
     (policy,) = api.objects("NetworkPolicy")
     assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {}}]}]
+    (claim,) = api.objects("PersistentVolumeClaim")
+    assert (claim["metadata"]["name"], claim["spec"]["accessModes"]) == ("portal-scratch", ["ReadWriteMany"])
     assert api.objects("LocalQueue") == []
 
     before = len(api.requests)
     backend.apply_tenant(limits())
     second = api.requests[before:]
     assert writes(second) == []  # reads only
-    assert len(second) == 8  # 4 PriorityClasses, namespace, quota, limit range, network policy
+    assert len(second) == 10  # 5 PriorityClasses, namespace, quota, limit range, network policy, claim
 
     before = len(api.requests)
     backend.apply_tenant(limits(gpus=4))  # a smaller grant: the quota and limit range follow
@@ -410,15 +413,17 @@ def rbac_request(method: str, path: str) -> tuple[str, str, str]:
 def test_the_cluster_role_covers_every_call(api):
     """Every request the backend makes, in every operation, is allowed by the ClusterRole of the README."""
     backend = backend_for(make_config(api, uses_kueue=True))
-    backend.apply_tenant(limits(gpus=16))
-    backend.apply_tenant(limits(gpus=8))  # updates too
+    lending = {"cohort": "h100-pool", "k8s_lending": {"nvidia.com/gpu": 4}}
+    backend.apply_tenant(limits(gpus=16, **lending))  # its own ClusterQueue, in the cohort
+    backend.apply_tenant(limits(gpus=8, **lending))  # updates too
     spec = make_spec("sleep 20", nodes=2, gpus_per_node=2)
     backend_id = backend.submit(spec)
     backend.submit(spec)
     backend.find(spec.token)
     over_quota = backend.submit(make_spec("echo", gpus_per_node=8))
+    warned = backend.submit(make_spec("sleep 20", preemptible=True, grace_s=1, checkpoint_key="run-1"))
     test_made = len(api.requests)
-    for name in (f"pj-{spec.token}", over_quota.split("/")[1]):  # admit both, as Kueue would
+    for name in (f"pj-{spec.token}", over_quota.split("/")[1], warned.split("/")[1]):  # admit, as Kueue would
         job_path = f"/apis/batch/v1/namespaces/protein-lab/jobs/{name}"
         job = backend.api.request("read", "GET", job_path)[1]
         backend.api.request("admit", "PUT", job_path, body=job | {"spec": job["spec"] | {"suspend": False}})
@@ -429,7 +434,13 @@ def test_the_cluster_role_covers_every_call(api):
     assert backend.log_tail(JobRef(backend_id, spec.token, "protein-lab"), lines=5, max_bytes=100).lines == []
     backend.inventory()
     assert backend.health().healthy
+    wait_for(backend, warned, lambda s: s.state == base.JobState.RUNNING)
+    backend.warn(warned, grace_s=1)
     backend.cancel(backend_id)
+    backend.apply_tenant(limits(gpus=8))  # out of the cohort: LocalQueue made again, ClusterQueue deleted
+    assert (
+        api.objects("ClusterQueue") == [] and api.objects("LocalQueue")[0]["spec"]["clusterQueue"] == "portal"
+    )
     rules = manifests.cluster_role_manifest()["rules"]
     allowed = {
         (group, resource, verb)
@@ -456,4 +467,5 @@ def test_the_cluster_role_covers_every_call(api):
         ("scheduling.k8s.io", "priorityclasses", "update"),
         ("networking.k8s.io", "networkpolicies", "update"),
         ("kueue.x-k8s.io", "localqueues", "update"),
+        ("kueue.x-k8s.io", "resourceflavors", "update"),
     }

@@ -40,6 +40,7 @@ def built_in_manifests() -> dict[str, dict]:
         "resourcequota": m.resource_quota_manifest(LIMITS, plain),
         "limitrange": m.limit_range_manifest(LIMITS),
         "networkpolicy": m.network_policy_manifest(LIMITS),
+        "persistentvolumeclaim": m.scratch_claim_manifest(LIMITS, plain),
         "job-single": m.job_manifest(make_spec(), plain),
         "job-single-kueue": m.job_manifest(make_spec(), kueue),
         "job-indexed": m.job_manifest(multi, plain),
@@ -79,18 +80,30 @@ def test_tenant_manifests_are_all_checked():
     """Every object apply_tenant writes is either schema-validated above or a Kueue CRD below."""
     kinds = [x["kind"] for x in m.tenant_manifests(LIMITS, make_config(uses_kueue=True))]
     assert kinds == [
-        *["PriorityClass"] * 4,
-        *["WorkloadPriorityClass"] * 4,
+        *["PriorityClass"] * 5,  # the four tiers and portal-borrow
+        *["WorkloadPriorityClass"] * 5,
         "Namespace",
         "ResourceQuota",
         "LimitRange",
         "NetworkPolicy",
+        "PersistentVolumeClaim",
         "LocalQueue",
     ]
     plain = [x["kind"] for x in m.tenant_manifests(LIMITS, make_config())]
     assert "LocalQueue" not in plain and "WorkloadPriorityClass" not in plain
+    no_scratch = [x["kind"] for x in m.tenant_manifests(LIMITS, make_config(k8s_scratch_gib=0))]
+    assert "PersistentVolumeClaim" not in no_scratch
+    in_cohort = replace(LIMITS, cohort="h100-pool")
+    cohort_kinds = [x["kind"] for x in m.tenant_manifests(in_cohort, make_config(uses_kueue=True))]
+    assert cohort_kinds == [*kinds[:10], "ResourceFlavor", "ClusterQueue", *kinds[10:]]
     checked = {x["kind"] for x in MANIFESTS.values()}
-    assert set(kinds) - checked == {"LocalQueue", "WorkloadPriorityClass"}
+    # the Kueue CRDs: by hand here and against their schemas in test_k8s_lending.py
+    assert set(cohort_kinds) - checked == {
+        "LocalQueue",
+        "WorkloadPriorityClass",
+        "ResourceFlavor",
+        "ClusterQueue",
+    }
 
 
 def test_a_broken_manifest_is_refused_by_the_validator():
@@ -128,12 +141,15 @@ def test_workload_priority_classes_shape():
         "portal-normal",
         "portal-high",
         "portal-critical",
+        "portal-borrow",
     ]
     for wpc in wpcs:
         assert set(wpc) == {"apiVersion", "kind", "metadata", "value", "description"}
         assert wpc["apiVersion"] == "kueue.x-k8s.io/v1beta1" and wpc["kind"] == "WorkloadPriorityClass"
         assert isinstance(wpc["value"], int) and DNS_LABEL.fullmatch(wpc["metadata"]["name"])
-    assert [w["value"] for w in wpcs] == sorted(w["value"] for w in wpcs)
+    values = [w["value"] for w in wpcs]
+    assert values[:4] == sorted(values[:4]) and values[4] < values[0]  # jobs on borrowed GPUs lowest
+    assert values == [pc["value"] for pc in m.priority_class_manifests()]
 
 
 # ------------------------------------------------------------------- tenant --
@@ -172,11 +188,16 @@ def test_priority_class_per_tier():
     classes = {
         k.removeprefix("priorityclass-"): v for k, v in MANIFESTS.items() if k.startswith("priorityclass-")
     }
-    assert sorted(classes) == sorted(["portal-low", "portal-normal", "portal-high", "portal-critical"])
-    values = [classes[t]["value"] for t in ("portal-low", "portal-normal", "portal-high", "portal-critical")]
+    names = ["portal-borrow", "portal-low", "portal-normal", "portal-high", "portal-critical"]
+    assert sorted(classes) == sorted(names)
+    values = [classes[name]["value"] for name in names]
     assert values == sorted(values) and max(values) < 1_000_000_000  # below the system classes
+    assert values[0] > 0  # above pods that name no class (0): borrowed GPUs go to them last
     assert not any(pc["globalDefault"] for pc in classes.values())
-    assert classes["portal-low"]["preemptionPolicy"] == "Never"
+    assert (
+        classes["portal-low"]["preemptionPolicy"] == classes["portal-borrow"]["preemptionPolicy"] == "Never"
+    )
+    assert classes["portal-normal"]["preemptionPolicy"] == "PreemptLowerPriority"
 
 
 def test_network_policy_denies_other_namespaces():

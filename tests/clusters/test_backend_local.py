@@ -1,13 +1,11 @@
 """The local backend: real processes on this machine, tmp_path as its state directory."""
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -15,20 +13,17 @@ from clusters.backends.base import BackendError, ClusterConfig, JobRef, JobState
 from clusters.backends.local import LocalBackend
 from clusters.backends.local.backend import detect_gpus, parse_nvidia_smi_list
 from tests.conftest import ROOT
-from tests.local_support import SLEEPER, group_members, job_spec, make_backend, wait_until_gone
+from tests.local_support import (
+    SLEEPER,
+    group_members,
+    job_spec,
+    make_backend,
+    pgid_of,
+    wait_for_state,
+    wait_until_gone,
+)
 
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia-smi" / "h200"
-
-
-def wait_for_state(backend: LocalBackend, backend_id: str, states: set[str], *, timeout_s: float = 20):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        status = backend.poll([backend_id]).get(backend_id)
-        if status is not None and status.state in states:
-            return status
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{backend_id} is {status}, not in {states} after {timeout_s}s")
-        time.sleep(0.05)
 
 
 def wait_for_gpus(backend: LocalBackend, backend_id: str, token: str, *, timeout_s: float = 20) -> set[str]:
@@ -41,10 +36,6 @@ def wait_for_gpus(backend: LocalBackend, backend_id: str, token: str, *, timeout
             return set(lines[0].removeprefix("gpus=").split(","))
         time.sleep(0.05)
     raise AssertionError(f"{backend_id} printed no GPUs within {timeout_s}s")
-
-
-def pgid_of(state_dir: Path, token: str) -> int:
-    return json.loads((state_dir / "jobs" / token / ".portal" / "proc.json").read_text())["pgid"]
 
 
 def run_child(code: str, *args: str) -> subprocess.Popen:

@@ -270,9 +270,9 @@ def test_tenant_gpu_limit_holds_the_second_job(backend, portal_tiers):
         backend.apply_tenant(limits)
         rows = read_assoc(backend, account)
         assert rows == [
-            f"{account}|{user}||||portal-normal|portal-normal",
+            f"{account}|{user}||||portal-borrow,portal-normal|portal-normal",
             f"{account}||portal|{UNGRANTED_MIG}gres/gpu:a100=2,gres/gpu:h100=0,gres/gpu:h200=0,gres/gpu=2,gres/shard=0"
-            "|gres/gpu=600|portal-normal|portal-normal",
+            "|gres/gpu=600|portal-borrow,portal-normal|portal-normal",
         ]
 
         spec = job_spec(
@@ -313,7 +313,7 @@ def test_apply_tenant_twice_writes_nothing_the_second_time(backend, portal_tiers
         first = read_assoc(backend, account)
         assert (
             f"{account}||portal|{UNGRANTED_MIG}gres/gpu:a100=2,gres/gpu:h100=1,gres/gpu:h200=0,gres/gpu=3,"
-            "gres/shard=0|gres/gpu=1200|portal-high|portal-high" in first
+            "gres/shard=0|gres/gpu=1200|portal-borrow,portal-high|portal-high" in first
         )
 
         before = len(backend.commands)
@@ -329,9 +329,9 @@ def test_apply_tenant_twice_writes_nothing_the_second_time(backend, portal_tiers
         # a grant taken away lowers the limit to 0 rather than leaving it behind
         backend.apply_tenant(replace(limits, gpus_by_type={"a100": 2}, qos="portal-low", gpu_minutes=60))
         assert read_assoc(backend, account) == [
-            f"{account}|{user}||||portal-low|portal-low",
+            f"{account}|{user}||||portal-borrow,portal-low|portal-low",
             f"{account}||portal|{UNGRANTED_MIG}gres/gpu:a100=2,gres/gpu:h100=0,gres/gpu:h200=0,gres/gpu=2,gres/shard=0"
-            "|gres/gpu=60|portal-low|portal-low",
+            "|gres/gpu=60|portal-borrow,portal-low|portal-low",
         ]
     finally:
         delete_account(backend, account)

@@ -352,8 +352,14 @@ class Cluster:
         return None
 
     def _schedule(self, pod: dict) -> None:
-        """The first node whose labels match the nodeSelector, whose taints are tolerated, with room."""
+        """The first node whose labels match the nodeSelector, whose taints are tolerated, with room; none
+        while a PersistentVolumeClaim of the pod does not exist (the scheduler's VolumeBinding)."""
         nodes, reasons = self.store.list(BY_NAME["nodes"], None), Counter()
+        for claim in _claims(pod):
+            if (pod["metadata"]["namespace"], claim) not in self.store.data["persistentvolumeclaims"]:
+                return self._unschedulable(
+                    pod, f'0/{len(nodes)} nodes are available: persistentvolumeclaim "{claim}" not found.'
+                )
         for node in nodes:
             if not (why := self._unfit(pod, node)):
                 pod["spec"]["nodeName"] = node["metadata"]["name"]
@@ -361,7 +367,9 @@ class Cluster:
                 return self.store.update_status(pod, pod["status"] | {"conditions": [scheduled]})
             reasons[why] += 1
         message = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
-        message = f"0/{len(nodes)} nodes are available: {message}."
+        self._unschedulable(pod, f"0/{len(nodes)} nodes are available: {message}.")
+
+    def _unschedulable(self, pod: dict, message: str) -> None:
         if not any(c.get("message") == message for c in pod["status"].get("conditions") or []):
             unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
             unschedulable |= {"message": message, "lastTransitionTime": now_iso()}
@@ -373,13 +381,14 @@ class Cluster:
         proc = self.procs[meta["uid"]] = Proc(tempfile.mkdtemp(prefix=f"{meta['name']}-", dir=self.root))
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": proc.workdir}
         env["HOSTNAME"] = pod["spec"].get("hostname") or meta["name"]
+        claims = self._claim_dirs(pod, container)
         for item in container.get("env") or []:  # value (with $(VAR)s) or valueFrom.fieldRef
             if path := get_in(item, ("valueFrom", "fieldRef", "fieldPath")):
                 m = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
                 value = (meta.get(m[1]) or {}).get(m[2]) if m else get_in(pod, path.split("."))
                 env[item["name"]] = "" if value is None else str(value)
             else:
-                env[item["name"]] = expand(str(item.get("value", "")), env)
+                env[item["name"]] = _in_claims(expand(str(item.get("value", "")), env), claims)
         argv = [expand(str(a), env) for a in (container.get("command") or []) + (container.get("args") or [])]
         proc.started = now_iso()
         try:
@@ -410,6 +419,19 @@ class Cluster:
             "containerStatuses": [_cstatus(container, {"running": {"startedAt": proc.started}})],
         }
         self.store.update_status(pod, pod["status"] | status)
+
+    def _claim_dirs(self, pod: dict, container: dict) -> dict[str, str]:
+        """mountPath → this machine's directory of the claim mounted there (one per claim, made on first
+        use, kept for the server's life): the test kubelet has no mount namespace to mount it in."""
+        volumes = pod["spec"].get("volumes") or []
+        claims = {v["name"]: c for v in volumes if (c := get_in(v, ("persistentVolumeClaim", "claimName")))}
+        found = {}
+        for mount in container.get("volumeMounts") or []:
+            if claim := claims.get(mount.get("name")):
+                host = os.path.join(self.root, "claims", pod["metadata"]["namespace"], claim)
+                os.makedirs(host, exist_ok=True)
+                found[mount["mountPath"].rstrip("/")] = host
+        return found
 
     def _finish(self, pod: dict, proc: Proc) -> None:
         code = proc.popen.returncode
@@ -443,6 +465,22 @@ class Cluster:
             f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_KEEP))
             return f.read()
         return b""
+
+
+def _in_claims(value: str, claims: dict[str, str]) -> str:
+    """An env value that names a path under a claim's mountPath, as the path of the claim's directory."""
+    for mount_path, host in claims.items():
+        if value == mount_path or value.startswith(f"{mount_path}/"):
+            return host + value[len(mount_path) :]
+    return value
+
+
+def _claims(pod: dict) -> list[str]:
+    return [
+        c
+        for v in pod["spec"].get("volumes") or []
+        if (c := get_in(v, ("persistentVolumeClaim", "claimName")))
+    ]
 
 
 def _owners(obj: dict, kind: str = "") -> set[str]:

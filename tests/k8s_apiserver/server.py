@@ -47,8 +47,16 @@ class FakeApiServer:
         api.objects("Job")   # deep copies of what is stored
         api.requests         # [(method, path, {query}), ...] of every request served
         api.backdate("Job", "ns", "pj-x", 7200)  # as if the Job had ended two hours ago
+    Deleting a Job deletes its pods as Kubernetes' garbage collector does, each with its own
+    terminationGracePeriodSeconds (a Job's DeleteOptions, gracePeriodSeconds included, are not passed on):
+    SIGTERM, then SIGKILL once the grace is out (at most controller.MAX_GRACE_S here). A pod whose
+    PersistentVolumeClaim does not exist is not scheduled; claims are bound at once.
     Not modelled: watch, JSON Patch (415), container restarts (restartPolicy is treated as Never), the Job
-    controller's pod-failure backoff delay, Kueue admission, LimitRange/PriorityClass admission (stored only),
+    controller's pod-failure backoff delay, Kueue admission (LocalQueues, ClusterQueues and ResourceFlavors
+    are stored, a LocalQueue's clusterQueue immutable as Kueue's CRD has it), LimitRange/PriorityClass
+    admission (stored only), volumes (the test kubelet has no mount namespace: an env value under the
+    mountPath of a PersistentVolumeClaim names the claim's directory on this machine instead, one per claim
+    for the server's life; other paths are this machine's),
     schedulerName (one scheduler places every pod, HAMi's slices included: give a node the capacity of
     the extended resources its pods ask for, nvidia.com/gpumem too).
     """
@@ -224,11 +232,13 @@ class _Handler(BaseHTTPRequestHandler):
                 headers["Warning"] = JOB_DELETE_WARNING
             grace = query.get("gracePeriodSeconds", options.get("gracePeriodSeconds"))
             grace = None if grace is None else int(grace)
-            uid = (options.get("preconditions") or {}).get("uid")
-            if uid is not None and uid != (actual := store.get(res, ns, name)["metadata"]["uid"]):
-                why = f'Operation cannot be fulfilled on {res.qualified} "{name}": Precondition failed: '
-                why += f"UID in precondition: {uid}, UID in object meta: {actual}"
-                raise ApiError(409, "Conflict", why, details(res, name))
+            preconditions = options.get("preconditions") or {}
+            for key, field in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+                wanted = preconditions.get(key)
+                if wanted is not None and wanted != (actual := store.get(res, ns, name)["metadata"][key]):
+                    why = f'Operation cannot be fulfilled on {res.qualified} "{name}": Precondition failed: '
+                    why += f"{field} in precondition: {wanted}, {field} in object meta: {actual}"
+                    raise ApiError(409, "Conflict", why, details(res, name))
             return 200, self.server.api.cluster.delete(res, ns, name, policy, grace)
         why = "the server does not allow this method on the requested resource"
         raise ApiError(405, "MethodNotAllowed", why)

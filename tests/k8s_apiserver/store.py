@@ -40,8 +40,11 @@ RESOURCES = [
     Res("", "v1", "limitranges", "LimitRange"),
     Res("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", namespaced=False),
     Res("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
+    Res("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim"),
     Res("batch", "v1", "jobs", "Job"),
     Res("kueue.x-k8s.io", "v1beta1", "localqueues", "LocalQueue"),
+    Res("kueue.x-k8s.io", "v1beta1", "clusterqueues", "ClusterQueue", namespaced=False),
+    Res("kueue.x-k8s.io", "v1beta1", "resourceflavors", "ResourceFlavor", namespaced=False),
 ]
 BY_PATH = {(r.api_version, r.plural): r for r in RESOURCES}
 BY_NAME = {**{r.kind: r for r in RESOURCES}, **{r.plural: r for r in RESOURCES}}
@@ -70,6 +73,7 @@ _NOT_OWNED = {
 _KEPT = ("uid", "creationTimestamp", "namespace", "generation", "deletionTimestamp", "resourceVersion")
 _CONTAINERS = {"pods": ("spec", "containers"), "jobs": ("spec", "template", "spec", "containers")}
 _JOB_DEFAULTS = {"parallelism": 1, "backoffLimit": 6, "completionMode": "NonIndexed", "suspend": False}
+_QUEUE_REF = ("spec", "clusterQueue")
 _LATEST = "please apply your changes to the latest version and try again"
 _SUFFIX = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": Fraction(1)}
 _SUFFIX |= {s: Fraction(1000**i) for i, s in enumerate("kMGTPE", 1)}
@@ -350,6 +354,9 @@ class Store:
             meta |= {"name": name} | {k: old["metadata"][k] for k in _KEPT if k in old["metadata"]}
             new |= {"apiVersion": res.api_version, "kind": res.kind}
             new |= {"status": old["status"]} if "status" in old else {}  # the controllers own status
+            if res.plural == "localqueues" and get_in(new, _QUEUE_REF) != get_in(old, _QUEUE_REF):
+                # Kueue's CRD validation (x-kubernetes-validations: self == oldSelf)
+                raise invalid(res, name, "spec.clusterQueue", 'Invalid value: "string": field is immutable')
             if new.get("spec") != old.get("spec"):
                 meta["generation"] += 1
             owners = self.owners.setdefault((res.plural, *self.key(res, ns, name)), {})
@@ -410,6 +417,12 @@ class Store:
                 if r.get("limits"):
                     r["requests"] = r["limits"] | (r.get("requests") or {})
             obj["status"] = {"phase": "Pending"}
+        elif res.plural == "persistentvolumeclaims":  # bound at once, as if a provisioner were quick
+            spec = obj.setdefault("spec", {})
+            spec.setdefault("volumeMode", "Filesystem")
+            size = get_in(spec, ("resources", "requests", "storage"))
+            obj["status"] = {"phase": "Bound", "accessModes": list(spec.get("accessModes") or [])}
+            obj["status"] |= {"capacity": {"storage": size}} if size else {}
         elif res.plural == "jobs":
             meta, spec = obj["metadata"], obj.setdefault("spec", {})
             if spec.get("completions") is None and spec.get("parallelism") is None:

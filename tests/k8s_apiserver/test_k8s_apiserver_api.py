@@ -220,8 +220,15 @@ def test_other_resources_the_backend_manages(k8s, ns):
         "cq"
     ]
     assert k8s.custom.get_namespaced_custom_object(*kueue, "lq")["kind"] == "LocalQueue"
-    k8s.custom.patch_namespaced_custom_object(*kueue, "lq", {"spec": {"clusterQueue": "cq2"}})
-    assert k8s.custom.get_namespaced_custom_object(*kueue, "lq")["spec"]["clusterQueue"] == "cq2"
+    k8s.custom.patch_namespaced_custom_object(*kueue, "lq", {"metadata": {"labels": {"t": "b"}}})
+    with pytest.raises(client.ApiException) as immutable:  # Kueue's CRD: self == oldSelf
+        k8s.custom.patch_namespaced_custom_object(*kueue, "lq", {"spec": {"clusterQueue": "cq2"}})
+    assert (immutable.value.status, status_of(immutable.value)["message"]) == (
+        422,
+        'LocalQueue.kueue.x-k8s.io "lq" is invalid: spec.clusterQueue: Invalid value: "string": '
+        "field is immutable",
+    )
+    assert k8s.custom.get_namespaced_custom_object(*kueue, "lq")["spec"]["clusterQueue"] == "cq"
     assert k8s.scheduling.read_priority_class("high").value == 1000
     assert wait_for(lambda: k8s.core.read_namespaced_resource_quota("q", ns).status).used == {
         "requests.cpu": "0"
@@ -232,3 +239,36 @@ def test_other_resources_the_backend_manages(k8s, ns):
     assert k8s.networking.delete_namespaced_network_policy("deny", ns)["status"] == "Success"
     k8s.custom.delete_namespaced_custom_object(*kueue, "lq")
     assert k8s.custom.list_namespaced_custom_object(*kueue)["items"] == []
+
+
+def test_claims_cluster_queues_and_flavors_are_stored(k8s, ns):
+    claim = {
+        "metadata": {"name": "scratch"},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "10Gi"}}},
+    }
+    k8s.core.create_namespaced_persistent_volume_claim(ns, claim)
+    stored = k8s.core.read_namespaced_persistent_volume_claim("scratch", ns)
+    assert (stored.status.phase, stored.status.capacity, stored.spec.volume_mode) == (
+        "Bound",
+        {"storage": "10Gi"},
+        "Filesystem",
+    )
+    assert [c.metadata.name for c in k8s.core.list_namespaced_persistent_volume_claim(ns).items] == [
+        "scratch"
+    ]
+    kueue = ("kueue.x-k8s.io", "v1beta1")
+    k8s.custom.create_cluster_custom_object(
+        *kueue, "resourceflavors", {"metadata": {"name": "f"}, "spec": {}}
+    )
+    queue = {"metadata": {"name": "cq"}, "spec": {"cohort": "h100", "resourceGroups": []}}
+    created = k8s.custom.create_cluster_custom_object(*kueue, "clusterqueues", queue)
+    assert (created["kind"], created["apiVersion"]) == ("ClusterQueue", "kueue.x-k8s.io/v1beta1")
+    assert "namespace" not in created["metadata"]
+    k8s.custom.patch_cluster_custom_object(*kueue, "clusterqueues", "cq", {"spec": {"cohort": "a100"}})
+    assert k8s.custom.get_cluster_custom_object(*kueue, "clusterqueues", "cq")["spec"]["cohort"] == "a100"
+    listed = k8s.custom.list_cluster_custom_object(*kueue, "resourceflavors")
+    assert [f["metadata"]["name"] for f in listed["items"]] == ["f"]
+    k8s.custom.delete_cluster_custom_object(*kueue, "clusterqueues", "cq")
+    assert k8s.custom.list_cluster_custom_object(*kueue, "clusterqueues")["items"] == []
+    k8s.core.delete_namespace(ns)  # a namespace's claims go with it
+    assert k8s.core.list_persistent_volume_claim_for_all_namespaces().items == []

@@ -266,6 +266,92 @@ def test_delete_propagation_foreground_background_and_the_orphan_default(api, k8
     wait_for(lambda: job_pods(k8s, ns, "orphan") == [] and not alive(pids["orphan"]), what="orphan deleted")
 
 
+def test_background_delete_terminates_the_pods_with_their_own_grace(api, k8s, ns, tmp_path):
+    """As Kubernetes' garbage collector does: the Job goes at once, each pod gets SIGTERM and its own
+    terminationGracePeriodSeconds (the Job's gracePeriodSeconds is not passed on), then SIGKILL."""
+    out = tmp_path / "handler.log"
+    handles = f"trap 'echo got TERM >> {out}; sleep 0.5; echo saved >> {out}; exit 0' TERM\n"
+    handles += "echo ready; while :; do sleep 0.1; done"
+    ignores = "trap '' TERM; echo ready; while :; do sleep 0.1; done"  # sleep inherits the ignored TERM
+    for name, script in (("handles", handles), ("ignores", ignores)):
+        body = job_body(name, script)
+        body["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 2
+        k8s.batch.create_namespaced_job(ns, body)
+    for name in ("handles", "ignores"):
+        pod = wait_for(lambda n=name: [p for p in job_pods(k8s, ns, n) if p.status.phase == "Running"])[0]
+        wait_for(lambda p=pod: k8s.core.read_namespaced_pod_log(p.metadata.name, ns) == "ready\n")
+
+    def terminating(job: str) -> list[dict]:
+        pods = [p for p in api.objects("Pod") if p["metadata"]["labels"]["job-name"] == job]
+        return [p["metadata"] for p in pods if p["metadata"].get("deletionTimestamp")]
+
+    options = client.V1DeleteOptions(propagation_policy="Background", grace_period_seconds=30)
+    started = time.monotonic()
+    for name in ("handles", "ignores"):
+        assert k8s.batch.delete_namespaced_job(name, ns, body=options)["status"] == "Success"
+        assert not [j for j in api.objects("Job") if j["metadata"]["name"] == name]  # gone at once
+    for name in ("handles", "ignores"):
+        assert [m["deletionGracePeriodSeconds"] for m in wait_for(lambda n=name: terminating(n))] == [2]
+    wait_for(lambda: job_pods(k8s, ns, "handles") == [], what="the pod that saved gone")
+    assert out.read_text() == "got TERM\nsaved\n"
+    wait_for(lambda: job_pods(k8s, ns, "ignores") == [], what="the pod that ignored TERM killed")
+    assert 2 <= time.monotonic() - started < 6  # SIGKILL once its two seconds of grace were out
+
+
+def test_a_pod_waits_for_its_claim_whose_files_outlive_it(k8s, ns):
+    """No PersistentVolumeClaim, no scheduling; the claim's directory is shared by the pods that mount
+    it, one after another (an env value under its mountPath names it: the test kubelet mounts nothing)."""
+
+    def claim_pod(name: str, script: str) -> dict:
+        body = pod_body(name, script, volumes=[{"name": "s", "persistentVolumeClaim": {"claimName": "data"}}])
+        container = body["spec"]["containers"][0]
+        container |= {"volumeMounts": [{"name": "s", "mountPath": "/scratch"}]}
+        container |= {"env": [{"name": "DIR", "value": "/scratch/checkpoints/run-1"}]}
+        return body
+
+    k8s.core.create_namespaced_pod(ns, claim_pod("writer", 'mkdir -p "$DIR" && echo 42 > "$DIR/step"'))
+    [scheduled] = wait_for(lambda: k8s.core.read_namespaced_pod("writer", ns).status.conditions)
+    assert (scheduled.reason, scheduled.message) == (
+        "Unschedulable",
+        '0/2 nodes are available: persistentvolumeclaim "data" not found.',
+    )
+    claim = {"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteMany"]}}
+    claim["spec"]["resources"] = {"requests": {"storage": "1Gi"}}
+    k8s.core.create_namespaced_persistent_volume_claim(ns, claim)
+    wait_for(lambda: k8s.core.read_namespaced_pod("writer", ns).status.phase == "Succeeded")
+    k8s.core.create_namespaced_pod(
+        ns, claim_pod("reader", 'echo "$DIR" | grep -qv "^/scratch"; cat "$DIR/step"')
+    )
+    wait_for(lambda: k8s.core.read_namespaced_pod("reader", ns).status.phase in ("Succeeded", "Failed"))
+    assert k8s.core.read_namespaced_pod("reader", ns).status.phase == "Succeeded"
+    assert k8s.core.read_namespaced_pod_log("reader", ns) == "42\n"
+
+
+def test_delete_precondition_resource_version(api, k8s, ns):
+    k8s.batch.create_namespaced_job(ns, job_body("rv", "sleep 30"))
+    seen = k8s.batch.read_namespaced_job("rv", ns).metadata.resource_version
+    wait_for(lambda: k8s.batch.read_namespaced_job("rv", ns).metadata.resource_version != seen)  # its status
+    stale = client.V1DeleteOptions(preconditions=client.V1Preconditions(resource_version=seen))
+    with pytest.raises(client.ApiException) as refused:
+        k8s.batch.delete_namespaced_job("rv", ns, body=stale)
+    assert refused.value.status == 409
+    assert (
+        f"ResourceVersion in precondition: {seen}, ResourceVersion in object meta: "
+        in (status_of(refused.value)["message"])
+    )
+    for _attempt in range(20):  # the current version deletes it (its status may move in between)
+        current = k8s.batch.read_namespaced_job("rv", ns).metadata.resource_version
+        fresh = client.V1DeleteOptions(
+            propagation_policy="Background", preconditions=client.V1Preconditions(resource_version=current)
+        )
+        try:
+            k8s.batch.delete_namespaced_job("rv", ns, body=fresh)
+            break
+        except client.ApiException as exc:
+            assert exc.status == 409
+    assert not api.objects("Job")
+
+
 def test_ttl_after_finished_deletes_the_job_and_its_pods(k8s, ns):
     k8s.batch.create_namespaced_job(ns, job_body("ttl", "true", ttl_seconds_after_finished=1))
     assert wait_for(lambda: job_condition(k8s, ns, "ttl")).type == "Complete"

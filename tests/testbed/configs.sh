@@ -65,6 +65,12 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 GresTypes=gpu,shard
 PriorityType=priority/multifactor
+# Lending (docs/architecture/lending.md): the tiers' QOS preempt the borrowing QOS portal-borrow,
+# whose jobs get their --signal (USR1) at once and GraceTime to checkpoint, then are requeued
+# (the portal's own are --no-requeue: cancelled, and restarted by the portal).
+PreemptType=preempt/qos
+PreemptMode=REQUEUE
+SchedulerParameters=preempt_send_user_signal
 PriorityWeightQOS=10000
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=$SSH_HOST

@@ -379,9 +379,15 @@ start_slurmdbd() {
     done
     # One QOS per tenant tier, rising priority. An operator may not create QOS in Slurm, so the
     # site's administrator makes them once, as here (README: what a Slurm admin sets up).
+    # Below them the borrowing QOS (lending, docs/architecture/lending.md), which every tier
+    # preempts: its jobs get their --signal at once and GraceTime, then are requeued.
+    sacctmgr_q list qos portal-borrow format=name | grep -qx portal-borrow ||
+        sacctmgr -i add qos portal-borrow priority=0 preemptmode=requeue gracetime=300 >/dev/null
     for q in portal-low:10 portal-normal:100 portal-high:1000 portal-critical:10000; do
         sacctmgr_q list qos "${q%%:*}" format=name | grep -qx "${q%%:*}" ||
             sacctmgr -i add qos "${q%%:*}" priority="${q##*:}" >/dev/null
+        sacctmgr_q list qos "${q%%:*}" format=preempt | grep -qx portal-borrow ||
+            sacctmgr -i modify qos where name="${q%%:*}" set preempt=portal-borrow >/dev/null
     done
 }
 

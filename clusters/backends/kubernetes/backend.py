@@ -7,7 +7,9 @@ most one pods list and one events list. cancel deletes the Job with foreground p
 Kubernetes deletes its pods the Job still exists, with a deletionTimestamp, and poll reports it
 CANCELLED; once it is gone poll leaves it out, like any Job the cluster no longer knows (the
 portal's LOST after its grace period), so a cancelled job is CANCELLED when a poll ran during the
-deletion (seconds: the pods' termination grace).
+deletion (seconds: the pods' termination grace). warn (a preemptible job's GPUs are taken back)
+deletes the Job in the background instead: it is gone at once, which the portal reads as the end of
+a preempted attempt, while its pods get SIGTERM and their grace to save a checkpoint.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from clusters.backends.base import (
     END_STATES,
     Backend,
     BackendError,
+    BackendUnavailable,
     ClusterConfig,
     GpuSample,
     Health,
@@ -42,6 +45,8 @@ from clusters.backends.kubernetes.manifests import (
     CONTAINER,
     GPU_RESOURCES,
     JOB_PREFIX,
+    KUEUE_GROUP,
+    KUEUE_VERSION,
     LABEL_TOKEN,
     MANAGED_BY,
     MANAGED_BY_KEY,
@@ -49,6 +54,7 @@ from clusters.backends.kubernetes.manifests import (
     backend_id,
     check_namespace,
     check_token,
+    cluster_queue_name,
     job_manifest,
     job_name,
     keep_revoked,
@@ -69,12 +75,18 @@ PLURALS = {
     "PriorityClass": "priorityclasses",
     "LocalQueue": "localqueues",
     "WorkloadPriorityClass": "workloadpriorityclasses",
+    "PersistentVolumeClaim": "persistentvolumeclaims",
+    "ClusterQueue": "clusterqueues",
+    "ResourceFlavor": "resourceflavors",
 }
 FAILED_CREATE = "involvedObject.kind=Job,reason=FailedCreate"
 # Jobs deleted by one delete_finished call at most, oldest first: a backlog (a cluster that never
 # honoured ttlSecondsAfterFinished) goes over a few runs, each within its task's time limit.
 DELETE_BATCH = 500
 LOG_ATTEMPTS = 3  # log reads: each bounded by max_bytes; fewer lines when the lines are long
+# warn() deletes the Job only as it read it (its resourceVersion): a Job that changed meanwhile
+# (its pods' progress, or its end) is read again, a few times at most.
+WARN_ATTEMPTS = 5
 
 
 def path(api_version: str, plural: str, namespace: str = "", name: str = "") -> str:
@@ -224,6 +236,49 @@ class KubernetesBackend(Backend):
             allow=(404,),  # gone already
         )
 
+    def warn(self, backend_id: str, *, user: str = "", grace_s: int = 0) -> None:
+        """Delete the Job in the background, so that it is gone at once (the end of a preempted
+        attempt, for the portal) while the garbage collector deletes its pods: the kubelet sends
+        their main process SIGTERM, then SIGKILL once their terminationGracePeriodSeconds is out.
+        That grace is the pod's own (JobSpec.grace_s, set when the job was submitted): Kubernetes
+        does not pass a Job's DeleteOptions on to its pods, so grace_s here is sent for the record.
+        A Job that is gone, has ended (or its controller has decided so), is being deleted
+        (cancel) or waits suspended (Kueue has not admitted it) is left as it is; the delete holds
+        only for the Job as it was read (uid and resourceVersion), so a Job that ended meanwhile is
+        never taken for a preempted one."""
+        namespace, name = parse_backend_id(backend_id)
+        if isinstance(grace_s, bool) or not isinstance(grace_s, int) or grace_s < 0:
+            raise BackendError(f"invalid grace period in seconds {grace_s!r}")
+        job_path = path("batch/v1", "jobs", namespace, name)
+        for _attempt in range(WARN_ATTEMPTS):
+            status, job = self.api.request(f"read Job {backend_id}", "GET", job_path, allow=(404,))
+            meta = job.get("metadata") or {}
+            if (
+                status == 404
+                or states.ending(job)
+                or meta.get("deletionTimestamp")
+                or (job.get("spec") or {}).get("suspend")
+            ):
+                return
+            options = {
+                "apiVersion": "v1",
+                "kind": "DeleteOptions",
+                "propagationPolicy": "Background",
+                "gracePeriodSeconds": grace_s,
+                "preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
+            }
+            status, _body = self.api.request(
+                f"delete Job {backend_id}",
+                "DELETE",
+                job_path,
+                query={"propagationPolicy": "Background", "gracePeriodSeconds": grace_s},
+                body=options,
+                allow=(404, 409),  # gone already; 409: it changed since it was read
+            )
+            if status != 409:
+                return
+        raise BackendUnavailable(f"warn {backend_id}: the Job changed at each of {WARN_ATTEMPTS} attempts")
+
     def log_tail(self, job: JobRef, *, lines: int, max_bytes: int) -> LogTail:
         """The log of the job's pod (pod 0 of an Indexed Job), at most max_bytes per read. The
         API server's limitBytes keeps the first bytes of the tail asked for, so when the lines
@@ -305,7 +360,8 @@ class KubernetesBackend(Backend):
         self, account: str, *, older_than_days: int, dry_run: bool, users: tuple[str, ...] = ()
     ) -> PurgeReport:
         """Nothing to purge: a Job's files live in its pods' volumes, which go with its pods (the
-        Job's TTL, or delete_finished); the portal keeps no scratch on a Kubernetes cluster."""
+        Job's TTL, or delete_finished). The tenant's scratch claim (checkpoints) is read only
+        through pods: the portal deletes nothing in it; it goes with the tenant's namespace."""
         check_namespace(account)
         return PurgeReport(deleted=[], refused={}, bytes_freed=0, dry_run=dry_run)
 
@@ -408,6 +464,26 @@ class KubernetesBackend(Backend):
         for manifest in tenant_manifests(limits, self.config):
             if not (no_workload_priorities and manifest["kind"] == "WorkloadPriorityClass"):
                 no_workload_priorities |= self._ensure(manifest) == "missing"
+        if self.config.uses_kueue and not limits.cohort:
+            self._drop_cluster_queue(limits.account)
+
+    def _drop_cluster_queue(self, account: str) -> None:
+        """The ClusterQueue the tenant had in a cohort, once its LocalQueue feeds the shared one
+        again: left in place, its nominal quota would still count in the cohort. Only the
+        portal's: a ClusterQueue of that name that an admin made stays. Kueue keeps it (its
+        finalizer) until the workloads it admitted have ended."""
+        name = cluster_queue_name(account)
+        queue_path = path(f"{KUEUE_GROUP}/{KUEUE_VERSION}", "clusterqueues", "", name)
+        what = f"ClusterQueue {name}"
+        status, queue = self.api.request(f"read {what}", "GET", queue_path, allow=(404,))
+        labels = (queue.get("metadata") or {}).get("labels") or {}
+        if (
+            status == 404
+            or labels.get(MANAGED_BY_KEY) != MANAGED_BY
+            or queue["metadata"].get("deletionTimestamp")
+        ):
+            return
+        self.api.request(f"delete {what}", "DELETE", queue_path, allow=(404,))
 
     def _ensure(self, desired: dict) -> str:
         kind, meta = desired["kind"], desired["metadata"]
@@ -430,6 +506,23 @@ class KubernetesBackend(Backend):
             if status != 409:
                 return "created"
             _status, current = self.api.request(f"read {where}", "GET", f"{collection}/{name}")
+        if kind == "PersistentVolumeClaim":
+            # its class and access modes are immutable and its size can only grow, where the class
+            # allows it: an admin who changes the cluster's scratch settings resizes or replaces it
+            return "unchanged"
+        if (
+            kind == "LocalQueue"
+            and (current.get("spec") or {}).get("clusterQueue") != desired["spec"]["clusterQueue"]
+        ):
+            # immutable in Kueue: made again, into the other ClusterQueue (a tenant that joined or
+            # left a cohort). Its workloads keep their queue name and find the new one.
+            self.api.request(f"delete {where}", "DELETE", f"{collection}/{name}", allow=(404,))
+            status, _body = self.api.request(
+                f"create {where}", "POST", collection, body=desired, allow=(409,)
+            )
+            if status == 409:  # the old one is still going: the next apply makes it
+                raise BackendUnavailable(f"create {where}: the previous LocalQueue is still being deleted")
+            return "replaced"
         if (
             kind == "Namespace"
             and (current["metadata"].get("labels") or {}).get(MANAGED_BY_KEY) != MANAGED_BY

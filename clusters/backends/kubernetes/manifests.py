@@ -7,6 +7,10 @@ Names and values that come from the portal are checked here too (BackendError on
 What a job's share of a device is called on Kubernetes comes from clusters/shares.py: whole
 devices by their device plugin's resource, MIG instances by the NVIDIA device plugin's mixed
 strategy (`nvidia.com/mig-<profile>`), slices by HAMi's resources, placed by HAMi's scheduler.
+
+Lending (docs/architecture/lending.md): a preemptible job's pods get SIGTERM and grace_s to save a
+checkpoint in the tenant's scratch claim, jobs on borrowed GPUs the lowest PriorityClass, and on
+Kueue clusters a tenant in a cohort its own ClusterQueue with the cohort's lending limits.
 """
 
 from __future__ import annotations
@@ -41,8 +45,33 @@ CONTAINER = "job"
 RDZV_PORT = 29500  # torchrun's c10d rendezvous
 RUN_AS = 1000  # uid and gid of the job's processes: never root
 COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
-# One PriorityClass (and, on Kueue clusters, WorkloadPriorityClass) per tenant tier.
+# One PriorityClass (and, on Kueue clusters, WorkloadPriorityClass) per tenant tier, and one for
+# jobs on borrowed GPUs: below every tier, so that the scheduler preempts them first, and never
+# preempting anything itself.
 TIERS = {"portal-low": 1_000, "portal-normal": 10_000, "portal-high": 100_000, "portal-critical": 1_000_000}
+BORROW_CLASS, BORROW_VALUE = "portal-borrow", 100
+NEVER_PREEMPT = frozenset({"portal-low", BORROW_CLASS})
+# Each tenant namespace's scratch claim, mounted at SCRATCH_DIR in the pods of jobs that keep
+# checkpoints (PORTAL_CHECKPOINT_DIR = SCRATCH_DIR/checkpoints/<checkpoint key>).
+SCRATCH_CLAIM, SCRATCH_VOLUME = "portal-scratch", "scratch"
+SCRATCH_DIR, CHECKPOINTS = "/scratch", "checkpoints"
+PREEMPT_SIGNAL = "TERM"  # what a warned job's pods get first (PORTAL_PREEMPT_SIGNAL)
+# A job that keeps checkpoints makes its checkpoint directory as itself (its uid, on whatever the
+# claim's storage allows), then runs its script, unchanged, as the container's main process. A
+# directory that cannot be made fails the job: an attempt that silently started again from
+# nothing would be worse than one that says why.
+CHECKPOINT_START = 'mkdir -p -- "$PORTAL_CHECKPOINT_DIR" || exit 1; exec /bin/bash -c "$1"'
+# Kueue: a tenant in a cohort gets its own ClusterQueue, with the portal's one ResourceFlavor.
+KUEUE_FLAVOR = "gpu-portal"
+CLUSTER_QUEUE_PREFIX = "portal-"
+# What a tenant's ClusterQueue covers besides its devices: Kueue admits no workload that asks for
+# a resource its ClusterQueue does not cover, and the portal bounds neither CPUs nor memory (the
+# namespace's ResourceQuota leaves them unlimited) nor a slice's caps (HAMi's memory and compute,
+# bounded per device). Their quota is one no job reaches, small enough that a cohort's sum stays
+# far inside Kueue's 64-bit arithmetic; none of it is lent or borrowed.
+UNBOUNDED_QUOTA = {"cpu": "1M", "memory": "1Pi"}
+SLICE_CAP_QUOTA = "1G"
+KUEUE_MAX_RESOURCES = 64  # per resource group
 # GPU extended resource → the node label that names the GPU product (NVIDIA GPU feature
 # discovery, AMD node labeller; the Cambricon and Hygon ones as their labellers set them).
 GPU_RESOURCES = {
@@ -55,9 +84,23 @@ GPU_RESOURCES = {
 VENDORS = tuple(shares.VISIBLE_DEVICES)
 SHARES = tuple(shares.KINDS_BY_CLUSTER["kubernetes"])
 # Environment variables the backend sets itself: a job's own value for one of them is dropped.
-RESERVED_ENV = frozenset({"PORTAL_RDZV_HOST", "JOB_COMPLETION_INDEX"})
+RESERVED_ENV = frozenset(
+    {
+        "PORTAL_RDZV_HOST",
+        "JOB_COMPLETION_INDEX",
+        "PORTAL_ATTEMPT",
+        "PORTAL_PREEMPT_SIGNAL",
+        "PORTAL_CHECKPOINT_DIR",
+    }
+)
 
 _DNS_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(
+    r"(?=.{1,253}\Z)[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*"
+)
+# As the local backend takes it: one path component of letters, digits, "_", "." and "-", never
+# "." or anything with "..".
+_CHECKPOINT_KEY = re.compile(r"(?!\.\Z)(?!.*\.\.)[A-Za-z0-9_.-]{1,128}")
 _TOKEN = re.compile(r"[a-z0-9]{1,40}")  # "pj-" + token stays a DNS-1035 label, "-<index>" included
 _JOB_NAME = re.compile(rf"{JOB_PREFIX}[a-z0-9]{{1,40}}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -80,6 +123,20 @@ def check_token(token: str) -> str:
     if not isinstance(token, str) or not _TOKEN.fullmatch(token):
         raise BackendError(f"job token {str(token)[:50]!r} is not 1 to 40 lowercase letters and digits")
     return token
+
+
+def check_checkpoint_key(key: str) -> str:
+    if not isinstance(key, str) or not _CHECKPOINT_KEY.fullmatch(key):
+        raise BackendError(
+            f"checkpoint key {str(key)[:60]!r} is not 1 to 128 letters, digits, '_', '.' and '-' (no '..')"
+        )
+    return key
+
+
+def check_cohort(cohort: str) -> str:
+    if not isinstance(cohort, str) or not _DNS_SUBDOMAIN.fullmatch(cohort):
+        raise BackendError(f"Kueue cohort {str(cohort)[:70]!r} is not a DNS subdomain")
+    return cohort
 
 
 def job_name(token: str) -> str:
@@ -222,6 +279,12 @@ def limit_range_manifest(limits: TenantLimits) -> dict:
     }
 
 
+def _priority_description(name: str) -> str:
+    if name == BORROW_CLASS:
+        return "GPU portal jobs on GPUs borrowed in a cohort: preempted first"
+    return f"GPU portal tier {name.removeprefix('portal-')}"
+
+
 def priority_class_manifests() -> list[dict]:
     return [
         {
@@ -230,10 +293,10 @@ def priority_class_manifests() -> list[dict]:
             "metadata": {"name": name, "labels": _managed()},
             "value": value,
             "globalDefault": False,
-            "preemptionPolicy": "Never" if name == "portal-low" else "PreemptLowerPriority",
-            "description": f"GPU portal tier {name.removeprefix('portal-')}",
+            "preemptionPolicy": "Never" if name in NEVER_PREEMPT else "PreemptLowerPriority",
+            "description": _priority_description(name),
         }
-        for name, value in TIERS.items()
+        for name, value in [*TIERS.items(), (BORROW_CLASS, BORROW_VALUE)]
     ]
 
 
@@ -251,15 +314,125 @@ def network_policy_manifest(limits: TenantLimits) -> dict:
     }
 
 
+def scratch_claim_manifest(limits: TenantLimits, config: ClusterConfig) -> dict:
+    """The tenant's scratch, shared by its jobs' pods on any node (ReadWriteMany): where their
+    checkpoints outlive the pods of an attempt. Created once and then left as it is (see
+    KubernetesBackend._ensure): its class and access modes cannot change, its size only grow."""
+    gib = _count(config.k8s_scratch_gib, "scratch size in GiB")
+    spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteMany"],
+        "volumeMode": "Filesystem",
+        "resources": {"requests": {"storage": f"{gib}Gi"}},
+    }
+    if storage_class := config.k8s_scratch_storage_class:
+        if not _DNS_SUBDOMAIN.fullmatch(storage_class):
+            raise BackendError(f"StorageClass {storage_class[:70]!r} is not a DNS subdomain")
+        spec["storageClassName"] = storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": SCRATCH_CLAIM,
+            "namespace": check_namespace(limits.account),
+            "labels": _managed(),
+        },
+        "spec": spec,
+    }
+
+
+def cluster_queue_name(account: str) -> str:
+    """The ClusterQueue of a tenant in a cohort (a DNS subdomain: the prefix and a DNS label)."""
+    return CLUSTER_QUEUE_PREFIX + check_namespace(account)
+
+
 def local_queue_manifest(limits: TenantLimits, config: ClusterConfig) -> dict:
-    cluster_queue = config.k8s_kueue_cluster_queue
-    if not _DNS_LABEL.fullmatch(cluster_queue or ""):
-        raise BackendError(f"Kueue ClusterQueue name {cluster_queue[:70]!r} is not a DNS label")
+    """The namespace's LocalQueue: into the tenant's own ClusterQueue when it is in a cohort,
+    into the cluster's shared one otherwise."""
+    if limits.cohort:
+        cluster_queue = cluster_queue_name(limits.account)
+    else:
+        cluster_queue = config.k8s_kueue_cluster_queue
+        if not _DNS_LABEL.fullmatch(cluster_queue or ""):
+            raise BackendError(f"Kueue ClusterQueue name {cluster_queue[:70]!r} is not a DNS label")
     return {
         "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
         "kind": "LocalQueue",
         "metadata": {"name": LOCAL_QUEUE, "namespace": check_namespace(limits.account), "labels": _managed()},
         "spec": {"clusterQueue": cluster_queue},
+    }
+
+
+def resource_flavor_manifest() -> dict:
+    """The one flavor of the tenants' ClusterQueues: no node labels, so it fits every node (the
+    Jobs' own nodeSelector picks the GPU product)."""
+    return {
+        "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+        "kind": "ResourceFlavor",
+        "metadata": {"name": KUEUE_FLAVOR, "labels": _managed()},
+        "spec": {},
+    }
+
+
+def _limit_counts(counts: dict[str, int], what: str) -> dict[str, int]:
+    return {
+        check_resource(resource): _count(units, f"{what} of {resource}", minimum=0)
+        for resource, units in counts.items()
+    }
+
+
+def cluster_queue_manifest(limits: TenantLimits) -> dict:
+    """The ClusterQueue of a tenant in a cohort: its granted devices as nominal quota, of which
+    it lends at most k8s_lending (never more than it holds) and borrows at most k8s_borrowing; a
+    resource that neither names is neither lent nor borrowed. Only its own namespace feeds it.
+    Preemption: it takes back what it lent from any borrower (reclaimWithinCohort Any), never
+    preempts to borrow, and within itself lets higher priorities go first."""
+    namespace = check_namespace(limits.account)
+    lending = _limit_counts(limits.k8s_lending, "lending limit")
+    borrowing = _limit_counts(limits.k8s_borrowing, "borrowing limit")
+    nominal = _gpu_counts(limits)
+    resources = []
+    for name in sorted({*nominal, *lending, *borrowing}):
+        held = nominal.get(name, 0)
+        resources.append(
+            {
+                "name": name,
+                "nominalQuota": str(held),
+                "borrowingLimit": str(borrowing.get(name, 0)),
+                "lendingLimit": str(min(lending.get(name, 0), held)),  # Kueue refuses more than nominal
+            }
+        )
+    devices = [quota["name"] for quota in resources]
+    caps = [
+        cap
+        for names in SLICE_RESOURCES.values()
+        if names.count in devices
+        for cap in (names.memory, names.cores)
+        if cap and cap not in devices
+    ]
+    unbounded = [*UNBOUNDED_QUOTA.items(), *((cap, SLICE_CAP_QUOTA) for cap in caps)]
+    for name, quota in unbounded:
+        resources.append({"name": name, "nominalQuota": quota, "borrowingLimit": "0", "lendingLimit": "0"})
+    if len(resources) > KUEUE_MAX_RESOURCES:
+        raise BackendError(f"a Kueue resource group holds at most {KUEUE_MAX_RESOURCES} resources")
+    return {
+        "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+        "kind": "ClusterQueue",
+        "metadata": {"name": cluster_queue_name(namespace), "labels": _managed(**{LABEL_TENANT: namespace})},
+        "spec": {
+            "cohort": check_cohort(limits.cohort),
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "resourceGroups": [
+                {
+                    "coveredResources": [quota["name"] for quota in resources],
+                    "flavors": [{"name": KUEUE_FLAVOR, "resources": resources}],
+                }
+            ],
+            "preemption": {
+                "reclaimWithinCohort": "Any",
+                "borrowWithinCohort": {"policy": "Never"},
+                "withinClusterQueue": "LowerPriority",
+            },
+        },
     }
 
 
@@ -271,25 +444,30 @@ def workload_priority_class_manifests() -> list[dict]:
             "kind": "WorkloadPriorityClass",
             "metadata": {"name": name, "labels": _managed()},
             "value": value,
-            "description": f"GPU portal tier {name.removeprefix('portal-')}",
+            "description": _priority_description(name),
         }
-        for name, value in TIERS.items()
+        for name, value in [*TIERS.items(), (BORROW_CLASS, BORROW_VALUE)]
     ]
 
 
 def tenant_manifests(limits: TenantLimits, config: ClusterConfig) -> list[dict]:
-    """Everything apply_tenant keeps in step, in the order it writes them."""
+    """Everything apply_tenant keeps in step, in the order it writes them: on Kueue clusters a
+    tenant's ClusterQueue (in a cohort) before the LocalQueue that feeds it."""
     if limits.qos not in TIERS:
         raise BackendError(f"tier {limits.qos[:40]!r} is not one of {', '.join(TIERS)}")
     manifests = priority_class_manifests()
     if config.uses_kueue:
         manifests += workload_priority_class_manifests()
+        if limits.cohort:
+            manifests += [resource_flavor_manifest(), cluster_queue_manifest(limits)]
     manifests += [
         namespace_manifest(limits),
         resource_quota_manifest(limits, config),
         limit_range_manifest(limits),
         network_policy_manifest(limits),
     ]
+    if _count(config.k8s_scratch_gib, "scratch size in GiB", minimum=0):
+        manifests.append(scratch_claim_manifest(limits, config))
     if config.uses_kueue:
         manifests.append(local_queue_manifest(limits, config))
     return manifests
@@ -364,7 +542,13 @@ def rendezvous_host(namespace: str, name: str) -> str:
 
 
 def job_manifest(spec: JobSpec, config: ClusterConfig) -> dict:
-    """The batch/v1 Job of one portal job; Indexed, with a rendezvous host, for several nodes."""
+    """The batch/v1 Job of one portal job; Indexed, with a rendezvous host, for several nodes.
+
+    Every job gets PORTAL_ATTEMPT and PORTAL_PREEMPT_SIGNAL; one with a checkpoint key the
+    tenant's scratch claim at /scratch and PORTAL_CHECKPOINT_DIR, made before its script runs; a
+    preemptible one terminationGracePeriodSeconds = grace_s (SIGTERM to the container's main
+    process, its shell, then SIGKILL once the grace is out); one on borrowed GPUs the lowest
+    priority (BORROW_CLASS)."""
     namespace, name = check_namespace(spec.account), job_name(spec.token)
     resource = check_resource(spec.k8s_resource)
     if spec.qos not in TIERS:
@@ -384,13 +568,41 @@ def job_manifest(spec: JobSpec, config: ClusterConfig) -> dict:
     if not isinstance(spec.script, str) or not spec.script.strip():
         raise BackendError("the job's script is empty")
 
+    attempt = _count(spec.attempt, "attempt")
+    grace_s = _count(spec.grace_s, "grace period in seconds", minimum=0) if spec.preemptible else None
+    priority_class = BORROW_CLASS if spec.borrowing else spec.qos
+
     env = env_entries(spec.env)
     if "HOME" not in spec.env:  # the uid has no home in the image: the writable work directory
         env.insert(0, {"name": "HOME", "value": "/work"})
+    env += [
+        {"name": "PORTAL_ATTEMPT", "value": str(attempt)},
+        {"name": "PORTAL_PREEMPT_SIGNAL", "value": PREEMPT_SIGNAL},
+    ]
+    command = ["/bin/bash", "-c", literal(spec.script)]
+    mounts = [
+        {"name": "work", "mountPath": "/work"},
+        {"name": "shm", "mountPath": "/dev/shm"},  # noqa: S108 (in the container)
+    ]
+    volumes: list[dict[str, Any]] = [
+        {"name": "work", "emptyDir": {}},
+        {"name": "shm", "emptyDir": {"medium": "Memory"}},
+    ]
+    if spec.checkpoint_key:
+        key = check_checkpoint_key(spec.checkpoint_key)
+        if not config.k8s_scratch_gib:
+            raise BackendError(
+                "this cluster keeps no scratch volume (scratch size 0), so no checkpoint directory: "
+                "give it a scratch size, or submit the job without checkpoints"
+            )
+        env.append({"name": "PORTAL_CHECKPOINT_DIR", "value": literal(f"{SCRATCH_DIR}/{CHECKPOINTS}/{key}")})
+        command = ["/bin/bash", "-c", literal(CHECKPOINT_START), "portal-job", literal(spec.script)]
+        mounts.append({"name": SCRATCH_VOLUME, "mountPath": SCRATCH_DIR})
+        volumes.append({"name": SCRATCH_VOLUME, "persistentVolumeClaim": {"claimName": SCRATCH_CLAIM}})
     labels = job_labels(spec)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "priorityClassName": spec.qos,
+        "priorityClassName": priority_class,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "nodeSelector": {product_label(resource): product},
@@ -407,7 +619,7 @@ def job_manifest(spec: JobSpec, config: ClusterConfig) -> dict:
                 "name": CONTAINER,
                 "image": image,
                 "imagePullPolicy": "IfNotPresent",
-                "command": ["/bin/bash", "-c", literal(spec.script)],
+                "command": command,
                 "workingDir": "/work",
                 "env": env,
                 "resources": {
@@ -421,14 +633,13 @@ def job_manifest(spec: JobSpec, config: ClusterConfig) -> dict:
                     "capabilities": {"drop": ["ALL"]},
                     "seccompProfile": {"type": "RuntimeDefault"},
                 },
-                "volumeMounts": [
-                    {"name": "work", "mountPath": "/work"},
-                    {"name": "shm", "mountPath": "/dev/shm"},  # noqa: S108 (in the container)
-                ],
+                "volumeMounts": mounts,
             }
         ],
-        "volumes": [{"name": "work", "emptyDir": {}}, {"name": "shm", "emptyDir": {"medium": "Memory"}}],
+        "volumes": volumes,
     }
+    if grace_s is not None:
+        pod_spec["terminationGracePeriodSeconds"] = grace_s
     if spec.share == ShareKind.SLICE:  # HAMi's scheduler places slices and enforces their caps
         pod_spec["schedulerName"] = HAMI_SCHEDULER
     job_spec: dict[str, Any] = {
@@ -446,7 +657,7 @@ def job_manifest(spec: JobSpec, config: ClusterConfig) -> dict:
     job_labels_ = dict(labels)
     if config.uses_kueue:
         job_spec["suspend"] = True  # Kueue admits it by unsuspending it
-        job_labels_ |= {KUEUE_QUEUE_LABEL: LOCAL_QUEUE, KUEUE_PRIORITY_LABEL: spec.qos}
+        job_labels_ |= {KUEUE_QUEUE_LABEL: LOCAL_QUEUE, KUEUE_PRIORITY_LABEL: priority_class}
     annotations = {ANNOTATION_NAME: str(spec.name)[:253], ANNOTATION_PRIORITY: label_value(spec.priority)}
     return {
         "apiVersion": "batch/v1",
@@ -496,13 +707,17 @@ def cluster_role_manifest(name: str = "gpu-portal") -> dict:
     """What the portal's service account needs, cluster-wide (the README lists the same rules)."""
     rules = [
         ("", ["namespaces", "resourcequotas", "limitranges"], ["get", "create", "update"]),
+        ("", ["persistentvolumeclaims"], ["get", "create"]),
         ("", ["services"], ["create"]),
         ("", ["pods", "events", "nodes"], ["list"]),
         ("", ["pods/log"], ["get"]),
         ("batch", ["jobs"], ["get", "list", "create", "delete"]),
         ("networking.k8s.io", ["networkpolicies"], ["get", "create", "update"]),
         ("scheduling.k8s.io", ["priorityclasses"], ["get", "create", "update"]),
-        (KUEUE_GROUP, ["localqueues", "workloadpriorityclasses"], ["get", "create", "update"]),
+        # a LocalQueue's clusterQueue cannot change: it is deleted and made again; a tenant's
+        # ClusterQueue goes when the tenant leaves its cohort
+        (KUEUE_GROUP, ["localqueues", "clusterqueues"], ["get", "create", "update", "delete"]),
+        (KUEUE_GROUP, ["workloadpriorityclasses", "resourceflavors"], ["get", "create", "update"]),
     ]
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",

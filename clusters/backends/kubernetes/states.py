@@ -83,6 +83,13 @@ def finished_at(job: dict) -> datetime | None:
     return None
 
 
+def ending(job: dict) -> bool:
+    """Whether the Job has ended or its controller has decided that it will (the interim
+    SuccessCriteriaMet and FailureTarget conditions of Kubernetes 1.31 on): its pods' end is
+    their own, whatever happens to them now."""
+    return bool({"Complete", "Failed", "SuccessCriteriaMet", "FailureTarget"} & set(_conditions(job)))
+
+
 def needs_pods(job: dict) -> bool:
     """Whether the Job's pods can tell more than the Job: not for a Job that completed or waits
     suspended."""

@@ -13,8 +13,10 @@ sees its directory as /job, .portal/ hidden), reaps the job's orphans as a subre
 exit code to .portal/status itself, so the code survives the death of the worker that started it.
 Where no sandbox can be made the job runs as the portal's user, and the cluster serves one tenant.
 .portal/proc.json holds the wrapper's pid (= pgid), start time and boot id, so that any process can
-tell the job's group from a later one that reused the pid; .portal/ended_by says why we killed it;
-.portal/end.json is the final record, written once, under the lock, by whoever first sees the end.
+tell the job's group from a later one that reused the pid; .portal/ended_by says why we killed it
+(or warned it: then it ends PREEMPTED, however it exits); .portal/end.json is the final record,
+written once, under the lock, by whoever first sees the end. A preemptible job's checkpoints live
+in <tenant scratch>/checkpoints/<checkpoint key>, the same directory for every attempt (launch.py).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ _LOCK_TIMEOUT_S = 30.0
 _KILLED_BY = {
     "cancelled": (base.JobState.CANCELLED, "CANCELLED", "cancelled"),
     "timeout": (base.JobState.TIMEOUT, "TIMEOUT", "walltime reached"),
+    "preempted": (base.JobState.PREEMPTED, "PREEMPTED", "warned of preemption"),
 }
 
 # Wrappers this process started, polled so that a long-lived worker keeps no zombies.
@@ -139,6 +142,13 @@ class LocalBackend(base.Backend):
         if not _TOKEN.match(spec.token):
             raise BackendError(f"invalid job token {spec.token!r}")
         cleanup.check_account(spec.account)  # it names a directory and, sandboxed as root, a uid
+        if spec.checkpoint_key and not launch.CHECKPOINT_KEY.fullmatch(spec.checkpoint_key):
+            raise BackendError(
+                f"invalid checkpoint key {spec.checkpoint_key[:140]!r}: letters, digits, '_', '.', '-' "
+                "only, and no '..'"
+            )
+        if isinstance(spec.attempt, bool) or not isinstance(spec.attempt, int) or spec.attempt < 1:
+            raise BackendError(f"invalid attempt {spec.attempt!r}: a count from 1")
         for name, value in [*spec.env.items(), ("PORTAL_JOB_NAME", spec.name)]:
             if not _ENV_NAME.match(name) or "\0" in value:
                 raise BackendError(
@@ -157,7 +167,8 @@ class LocalBackend(base.Backend):
                 (tmp / f"{spec.token}.sh").write_text(spec.script)
                 (tmp / ".portal").mkdir()
                 record = {"id": backend_id, "token": spec.token, "name": spec.name, "env": dict(spec.env)}
-                record["account"] = spec.account
+                record |= {"account": spec.account, "attempt": spec.attempt}
+                record["checkpoint_key"] = spec.checkpoint_key
                 state["accounts"] = sorted({*state["accounts"], spec.account})
                 write_json(tmp / ".portal" / "job.json", {**record, "submitted_at": time.time()})
                 (self._root / "ids" / backend_id).write_text(spec.token)
@@ -221,7 +232,8 @@ class LocalBackend(base.Backend):
 
     def cancel(self, backend_id: str, *, user: str = "") -> None:
         """End the job: a waiting one leaves the queue; a running one's process group gets SIGTERM,
-        then SIGKILL after grace_s (bounded). A finished or unknown job is left as it is."""
+        then SIGKILL after grace_s (bounded). A finished or unknown job is left as it is; a job warned
+        before (warn) ends PREEMPTED, not CANCELLED."""
         token = self._token_of(backend_id)
         if token is None:
             return
@@ -242,6 +254,29 @@ class LocalBackend(base.Backend):
             self._terminate([proc])
         with self._locked() as state:
             self._settle(state)
+
+    def warn(self, backend_id: str, *, user: str = "", grace_s: int = 0) -> None:
+        """SIGTERM to a running job's process group, now, so that it saves a checkpoint and exits
+        (PORTAL_PREEMPT_SIGNAL). Nothing kills it after grace_s: the portal calls cancel() once the
+        grace is out. Recorded in ended_by before the signal, so that the job ends PREEMPTED
+        however it exits (its exit code kept), and a cancel() after its end changes nothing. A
+        waiting, finished or unknown job is left as it is."""
+        token = self._token_of(backend_id)
+        if token is None:
+            return
+        _reap()
+        meta = self._job_dir(token) / ".portal"
+        with self._locked() as state:
+            self._settle(state)  # a job that has just ended by itself is not reported as preempted
+            if backend_id not in state["running"]:
+                return
+            proc = read_json(meta / "proc.json")
+            self._mark(meta, "preempted")
+        # Only while its leader is ours, so never a reused pgid. The wrapper and bwrap ignore
+        # SIGTERM (launch.py): it reaches the job's own processes alone.
+        if proc is not None and alive(proc):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc["pgid"], signal.SIGTERM)
 
     def log_tail(self, job: JobRef, *, lines: int, max_bytes: int) -> LogTail:
         """The last `lines` lines of the job's output, reading at most `max_bytes` from its end; a

@@ -3,14 +3,17 @@
 The wrapper (WRAPPER, run by the portal's own Python) starts the job in its session and process
 group, reaps its orphans as a subreaper, and writes its exit code; launch() decides what it runs:
 the job's script in a bubblewrap sandbox (sandbox.py), or, where none can be made, as the
-portal's own user (the cluster then serves one tenant only).
+portal's own user (the cluster then serves one tenant only). It also makes the job's checkpoint
+directory, the same for each attempt of a portal job (docs/architecture/lending.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from clusters.backends.base import BackendError
 from clusters.backends.local import cleanup, sandbox
 
 # The worker's own environment holds the portal's secrets (SECRET_KEY, DATABASE_URL…), so a job
@@ -25,6 +29,11 @@ from clusters.backends.local import cleanup, sandbox
 _INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "LD_LIBRARY_PATH")
 _SANDBOX_INHERITED_ENV = ("LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH")  # the rest is the sandbox's own
 _SANDBOX_TMP = "/tmp"  # noqa: S108 - the sandbox's own fresh tmpfs
+# A checkpoint key names one directory under <scratch>/checkpoints: no "/", no "..", not ".".
+CHECKPOINT_KEY = re.compile(r"(?!\.\Z)(?!.*\.\.)[A-Za-z0-9_.-]{1,128}")
+CHECKPOINTS = "checkpoints"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+PREEMPT_SIGNAL = "TERM"  # what warn() sends the job's process group (PORTAL_PREEMPT_SIGNAL)
 
 # Run as `python -I -S -c WRAPPER launch out status`: what to run, its environment and what to
 # stage for bwrap come from launch.json (written by launch(), never from user text).
@@ -111,7 +120,11 @@ def launch(
     bwrap. Sandboxed (`sandbox_config` given), the job sees its directory as /job and its tenant's
     scratch as /scratch and inherits of the worker's environment only its locale and library
     path; as root it runs as its tenant's uid (given once into `uids`, the allocation state).
-    `devices_env` pins it to its devices (allocation.device_env) and wins over the job's own env."""
+    `devices_env` pins it to its devices (allocation.device_env) and wins over the job's own env.
+    PORTAL_ATTEMPT and PORTAL_PREEMPT_SIGNAL are set in every job; PORTAL_CHECKPOINT_DIR where
+    the job has a checkpoint key (none: a caller from before attempts, which resumes nothing). A
+    checkpoint directory that cannot be made fails the launch (BackendError): an attempt that
+    silently started again from nothing would be worse than one that says why."""
     meta = job_dir / ".portal"
     account = record.get("account", "")
     if sandbox_config is not None:
@@ -138,6 +151,13 @@ def launch(
             scratch_dir = None
     else:
         scratch_dir = None
+    env |= {"PORTAL_ATTEMPT": str(record.get("attempt", 1)), "PORTAL_PREEMPT_SIGNAL": PREEMPT_SIGNAL}
+    if key := record.get("checkpoint_key", ""):
+        if scratch_dir is None:
+            raise BackendError("the tenant's scratch cannot be made, so neither can its checkpoint directory")
+        checkpoint_dir(scratch_dir, key, uid)
+        seen = sandbox.SCRATCH_DIR if sandbox_config is not None else str(scratch_dir)
+        env["PORTAL_CHECKPOINT_DIR"] = f"{seen}/{CHECKPOINTS}/{key}"
     env |= devices_env
     if sandbox_config is None:
         argv = ["/bin/bash", str(job_dir / f"{token}.sh")]
@@ -151,6 +171,31 @@ def launch(
     if scratch_dir is not None:
         paths["scratch"] = scratch_dir
     return sandboxed_launch(sandbox_config, uid, paths, f"{sandbox.JOB_DIR}/{token}.sh", env, out.name)
+
+
+def checkpoint_dir(scratch_dir: Path, key: str, uid: int | None) -> None:
+    """Make <scratch>/checkpoints/<key>, owned by the job's uid where it runs as one. Through
+    descriptors opened with O_NOFOLLOW: the tenant's jobs write in their scratch and may have left
+    a symlink at either name, which, followed as root, would make or chown a directory anywhere."""
+    if not CHECKPOINT_KEY.fullmatch(key):
+        raise BackendError(f"invalid checkpoint key {key[:140]!r}")
+    try:
+        fd = os.open(scratch_dir, _DIR_FLAGS)
+        try:
+            for name in (CHECKPOINTS, key):
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o700, dir_fd=fd)
+                parent, fd = fd, os.open(name, _DIR_FLAGS, dir_fd=fd)  # ELOOP on a link
+                os.close(parent)
+                if uid is not None and os.fstat(fd).st_uid != uid:
+                    os.fchown(fd, uid, uid)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise BackendError(
+            f"the checkpoint directory {CHECKPOINTS}/{key} cannot be made in the tenant's scratch "
+            f"({exc.strerror})"
+        ) from None
 
 
 def sandboxed_launch(

@@ -21,6 +21,11 @@ logger = logging.getLogger(__name__)
 PARENT = "portal"  # every tenant's account sits under this one
 # One QOS per tier; Priority counts only where slurm.conf gives PriorityWeightQOS a weight.
 TIERS = {"portal-low": 10, "portal-normal": 100, "portal-high": 1000, "portal-critical": 10000}
+# Jobs on GPUs lent by another tenant (jobs.services.dispatch.BORROW_QOS): below every tier,
+# which preempt it (slurm.conf: PreemptType=preempt/qos); REQUEUE, after GraceTime. The portal's
+# own jobs there are --no-requeue, so that a preemption ends them and the portal restarts them.
+BORROW_QOS, BORROW_PRIORITY = "portal-borrow", 0
+QOS_FIELDS = "Name,Priority,Preempt,PreemptMode,GraceTime"
 ASSOC_FIELDS = "Account,User,ParentName,GrpTRES,GrpTRESMins,QOS,DefaultQOS"
 
 
@@ -45,7 +50,7 @@ def apply_tenant(backend: SlurmBackend, limits: TenantLimits) -> None:
     settings = [
         "GrpTRES=" + ",".join(f"{name}={value}" for name, value in grp_tres.items()),
         f"GrpTRESMins=gres/gpu={limits.gpu_minutes}",
-        f"QOS={qos}",
+        f"QOS={qos},{BORROW_QOS}",
         f"DefaultQOS={qos}",
     ]
 
@@ -83,7 +88,10 @@ def apply_tenant(backend: SlurmBackend, limits: TenantLimits) -> None:
             any(current_tres.get(name) != str(value) for name, value in grp_tres.items())
             or current_mins.get("gres/gpu") != str(limits.gpu_minutes)
             # `modify account … set QOS` also sets the users' associations under it: check theirs too
-            or any(row["QOS"] != qos or row["DefaultQOS"] != qos for row in [current, *user_rows])
+            or any(
+                set(row["QOS"].split(",")) != {qos, BORROW_QOS} or row["DefaultQOS"] != qos
+                for row in [current, *user_rows]
+            )
         )
         if stale:
             backend.check(["sacctmgr", "-i", "modify", "account", *where, *settings])
@@ -112,22 +120,27 @@ def apply_tenant(backend: SlurmBackend, limits: TenantLimits) -> None:
 
 
 def _ensure_tiers(backend: SlurmBackend, qos: str) -> None:
-    """The tier QOS with their priorities. Creating or changing a QOS needs a Slurm
-    Administrator: an Operator is refused, which stops the tenant only when its own QOS is
-    missing (BackendError saying what an admin runs once); a differing priority is logged."""
-    rows = backend.check(["sacctmgr", "-P", "-n", "show", "qos", "format=Name,Priority"])
-    existing = dict(row.split("|", 1) for row in rows.splitlines() if "|" in row)
+    """The tier QOS with their priorities, each preempting the borrowing QOS, and that one with
+    its PreemptMode and GraceTime. Creating or changing a QOS needs a Slurm Administrator: an
+    Operator is refused, which stops the tenant only when its own QOS is missing (BackendError
+    saying what an admin runs once); a differing setting is logged."""
+    rows = backend.check(["sacctmgr", "-P", "-n", "show", "qos", f"format={QOS_FIELDS}"])
+    existing = {row.split("|", 1)[0]: row.split("|") for row in rows.splitlines() if "|" in row}
     refused = []
-    for name, priority in TIERS.items():
-        if existing.get(name) == str(priority):
+    for name, wanted in _qos_wanted(backend.config.preempt_grace_s).items():
+        current = dict(zip(QOS_FIELDS.split(","), existing.get(name, []), strict=False))
+        if name in existing and all(
+            _qos_value(key, current.get(key, "")) == value for key, value in wanted.items()
+        ):
             continue
+        settings = [f"{key.lower()}={value}" for key, value in wanted.items()]
         if name in existing:
-            argv = ["sacctmgr", "-i", "modify", "qos", "where", f"name={name}", "set", f"priority={priority}"]
+            argv = ["sacctmgr", "-i", "modify", "qos", "where", f"name={name}", "set", *settings]
         else:
-            argv = ["sacctmgr", "-i", "add", "qos", f"name={name}", f"priority={priority}"]
+            argv = ["sacctmgr", "-i", "add", "qos", f"name={name}", *settings]
         result = backend.run(argv)
         if result.rc == 0:
-            existing[name] = str(priority)
+            existing[name] = [name]
         elif any(word in result.message.lower() for word in ("permission denied", "privilege")):
             refused.append(f"sacctmgr -i {' '.join(argv[2:])}")
         else:
@@ -139,6 +152,29 @@ def _ensure_tiers(backend: SlurmBackend, qos: str) -> None:
         logger.warning(
             "cluster %s: may not set up the tier QOS; an admin runs: %s", backend.config.slug, refused
         )
+
+
+def _qos_wanted(grace_s: int) -> dict[str, dict[str, str]]:
+    """QOS name → the settings the portal keeps on it (sacctmgr's words); the borrowing QOS
+    first, since the tiers name it."""
+    wanted = {
+        BORROW_QOS: {
+            "Priority": str(BORROW_PRIORITY),
+            "PreemptMode": "requeue",
+            "GraceTime": str(check_count(grace_s, "grace time")),
+        }
+    }
+    return wanted | {name: {"Priority": str(p), "Preempt": BORROW_QOS} for name, p in TIERS.items()}
+
+
+def _qos_value(key: str, shown: str) -> str:
+    """A QOS setting as sacctmgr shows it, in the words it is set with: GraceTime in seconds
+    ("00:05:00" → "300"), PreemptMode in lower case."""
+    if key == "GraceTime" and ":" in shown:
+        days, _sep, clock = shown.rpartition("-")
+        hours, minutes, seconds = (int(part) for part in clock.split(":"))
+        return str(int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds)
+    return shown.lower() if key == "PreemptMode" else shown
 
 
 def _grp_tres(backend: SlurmBackend, gpus_by_type: dict[str, int], shards: int = 0) -> dict[str, int]:

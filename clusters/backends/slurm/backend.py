@@ -226,8 +226,13 @@ class SlurmBackend(base.Backend):
             (spec.mem_per_gpu_mb, "memory per GPU"),
         ):
             check_count(value, what)
-        script = render_script(spec.script, spec.env)
         directory = self.job_dir(spec.account, spec.user)
+        restart_env = _restart_env(spec, directory)
+        script = render_script(
+            spec.script,
+            {**spec.env, **restart_env},
+            then='mkdir -p -m 0700 -- "$PORTAL_CHECKPOINT_DIR"\n' if restart_env else "",
+        )
         output = f"{directory}/{spec.token}.out"
         argv = [
             "--parsable",
@@ -243,6 +248,7 @@ class SlurmBackend(base.Backend):
             f"--output={output}",
             f"--error={output}",
             f"--chdir={directory}",
+            *_preemption(spec),
         ]
         return argv, script, directory
 
@@ -343,6 +349,16 @@ class SlurmBackend(base.Backend):
         result = self.run(self.as_identity(user, argv) if user else argv)
         finished = ("already completing or completed", "Invalid job id specified")
         if result.rc != 0 and not any(text in result.stderr for text in finished):
+            raise ssh.failure(result)
+
+    def warn(self, backend_id: str, *, user: str = "", grace_s: int = 0) -> None:
+        """USR1 to the job's batch shell (scancel --batch --signal), as its identity: the job
+        script's trap saves a checkpoint (the checkpoint contract). A job no longer running is
+        left as it is; the portal stops it with cancel() after the grace."""
+        argv = ["scancel", "--batch", "--signal=USR1", check_job_id(backend_id)]
+        result = self.run(self.as_identity(user, argv) if user else argv)
+        gone = ("already completing or completed", "Invalid job id specified", "pending")
+        if result.rc != 0 and not any(text in result.stderr for text in gone):
             raise ssh.failure(result)
 
     def log_tail(self, job: JobRef, *, lines: int, max_bytes: int) -> LogTail:
@@ -578,6 +594,31 @@ def _merge(job_id: str, live: _Record | None, accounted: _Record | None) -> JobS
 def _ended(record: _Record) -> bool:
     words = record.raw_state.split()
     return bool(words) and words[0].rstrip("+") in SLURM_END_STATES
+
+
+def _restart_env(spec: JobSpec, directory: str) -> dict[str, str]:
+    """The checkpoint contract's variables (README): the job's checkpoint directory in its
+    identity's tree, the same for every attempt; the attempt; the signal it is warned with."""
+    if not spec.checkpoint_key:
+        return {}
+    check_name(spec.checkpoint_key, "checkpoint key")
+    return {
+        "PORTAL_CHECKPOINT_DIR": f"{directory}/checkpoints/{spec.checkpoint_key}",
+        "PORTAL_ATTEMPT": str(check_count(spec.attempt, "attempt")),
+        "PORTAL_PREEMPT_SIGNAL": "USR1",
+    }
+
+
+def _preemption(spec: JobSpec) -> list[str]:
+    """A preemptible job's batch shell gets USR1 grace_s before its end (its walltime's, or a
+    preemption's: PreemptParameters=send_user_signal); one the portal restarts is not requeued by
+    Slurm, whose node failure or preemption then ends it, and the portal submits the next attempt."""
+    options = []
+    if spec.preemptible and spec.grace_s:
+        options.append(f"--signal=B:USR1@{check_count(spec.grace_s, 'grace')}")
+    if spec.preemptible or spec.restarts:
+        options.append("--no-requeue")
+    return options
 
 
 def _gres(spec: JobSpec) -> str:

@@ -90,12 +90,13 @@ def check_job_name(name: str) -> str:
     return name
 
 
-def render_script(script: str, env: dict[str, str]) -> str:
+def render_script(script: str, env: dict[str, str], *, then: str = "") -> str:
     """The script with a `:` line and `export NAME='value'` lines right after its shebang.
 
     sbatch reads #SBATCH lines only up to the first command: the `:` (a no-op) ends its scan
     whatever the env, so the script cannot add scheduler options the portal did not choose (an
-    account, a node list, an array, another output file).
+    account, a node list, an array, another output file). `then`: the portal's own lines after
+    the exports (fixed text, never a user's).
     """
     if not script.startswith("#!"):
         raise BackendError("the batch script must start with a #! line")
@@ -109,7 +110,7 @@ def render_script(script: str, env: dict[str, str]) -> str:
             raise BackendError(f"invalid value for environment variable {name}: a string without NUL bytes")
         lines.append(f"export {name}={shlex.quote(value)}\n")
     shebang, _newline, body = script.partition("\n")
-    return f"{shebang}\n: portal options end here\n{''.join(lines)}{body}"
+    return f"{shebang}\n: portal options end here\n{''.join(lines)}{then}{body}"
 
 
 def slurm_time(text: str) -> datetime | None:
