@@ -7,13 +7,38 @@ backend, exported as PORTAL_DIST_BACKEND for the training script's
 `init_process_group(backend=os.environ["PORTAL_DIST_BACKEND"])`, and the collective library's own
 variables. Every variable the template sets is a default (`${NAME:-value}`): the job's env, or the
 scenario's, overrides it.
+
+Checkpoints are the training program's own: the template hands it the contract's variables
+(PORTAL_CHECKPOINT_DIR, PORTAL_CHECKPOINT_MINUTES, PORTAL_ATTEMPT) and, on a preemption warning,
+a SIGTERM, on which the program saves, prints `PORTAL_CHECKPOINT <epoch>` and exits; it resumes
+from the newest checkpoint in the directory and prints `PORTAL_RESUMED <epoch> <what>` (README,
+"The checkpoint contract for job scripts", has an example). torchrun hands the SIGTERM on to
+its workers and kills them 30 seconds later (torch.distributed.elastic's agent, _shutdown), so
+a worker's save must fit in that time.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .base import ARGS, VENV, JobTemplate, Shape, header, mpi_launch, python_script, q, schema, venv_lines
+from .base import (
+    ARGS,
+    VENV,
+    JobTemplate,
+    Shape,
+    checkpoint_lines,
+    checkpoint_minutes,
+    exit_lines,
+    forward_lines,
+    header,
+    launch_lines,
+    mpi_launch,
+    preempt_lines,
+    python_script,
+    q,
+    schema,
+    venv_lines,
+)
 
 SCENARIO = "ai-training"
 
@@ -123,8 +148,24 @@ def _nproc(shape: Shape) -> str:
     return '"$nproc"' if shape.vendor == "huawei" else str(shape.gpus_per_node)
 
 
+def _checkpointed(values: dict[str, Any], shape: Shape, command: str, *, srun: bool, mpirun: bool = False):
+    """The contract's variables, the warning's handler, the program started in the background
+    and the exit: the shell stays, to pass the warning on to the program (exec would leave Slurm's
+    USR1, sent to the batch shell alone, with no one to hear it)."""
+    return [
+        *checkpoint_lines(values),
+        *preempt_lines(forward_lines(shape, srun=srun, mpirun=mpirun)),
+        *launch_lines(command, poll=False),
+        *exit_lines(),
+    ]
+
+
 def render_python(values: dict[str, Any], shape: Shape) -> list[str]:
-    return [*header("python", shape), *venv_lines(values), f"exec python3 {_program(values)}"]
+    return [
+        *header("python", shape),
+        *venv_lines(values),
+        *_checkpointed(values, shape, f"python3 {_program(values)}", srun=False),
+    ]
 
 
 def render_torchrun(values: dict[str, Any], shape: Shape) -> list[str]:
@@ -136,7 +177,8 @@ def render_torchrun(values: dict[str, Any], shape: Shape) -> list[str]:
     if not shape.multi:
         # --standalone runs the rendezvous store on a free local port: two single-node jobs
         # that share a machine (the local backend, a shared Slurm node) never collide on one.
-        return [*lines, f"exec torchrun --standalone --nnodes=1 {common} {_program(values)}"]
+        command = f"torchrun --standalone --nnodes=1 {common} {_program(values)}"
+        return [*lines, *_checkpointed(values, shape, command, srun=False)]
     rdzv = f"--nnodes={shape.nodes} {common} --rdzv_backend=c10d"
     if shape.backend_kind == "slurm":
         return [
@@ -150,10 +192,15 @@ def render_torchrun(values: dict[str, Any], shape: Shape) -> list[str]:
             "",
             # One agent per node starts one worker per GPU. The step asks for every CPU of the
             # node: srun gives a step only the CPUs it asks for, and the workers are its children.
-            f"srun --nodes={shape.nodes} --ntasks={shape.nodes} --ntasks-per-node=1 "
-            '--cpus-per-task="$SLURM_CPUS_ON_NODE" \\',
-            f'  torchrun {rdzv} --rdzv_id="$SLURM_JOB_ID" --rdzv_endpoint="$rdzv_host":{port} \\',
-            f"  {_program(values)}",
+            *_checkpointed(
+                values,
+                shape,
+                f"srun --nodes={shape.nodes} --ntasks={shape.nodes} --ntasks-per-node=1 "
+                '--cpus-per-task="$SLURM_CPUS_ON_NODE" \\\n'
+                f'  torchrun {rdzv} --rdzv_id="$SLURM_JOB_ID" --rdzv_endpoint="$rdzv_host":{port} \\\n'
+                f"  {_program(values)}",
+                srun=True,
+            ),
         ]
     # kubernetes: an Indexed Job of `nodes` pods, each running this script once. The backend
     # sets PORTAL_RDZV_HOST to the stable DNS name of pod 0 (subdomain + headless Service);
@@ -163,19 +210,25 @@ def render_torchrun(values: dict[str, Any], shape: Shape) -> list[str]:
         *lines,
         'if [[ "$JOB_COMPLETION_INDEX" == 0 ]]; then is_host=1; else is_host=0; fi',
         "",
-        f'exec torchrun {rdzv} --rdzv_id="$PORTAL_RDZV_HOST" --rdzv_endpoint="$PORTAL_RDZV_HOST":{port} \\',
-        f'  --rdzv_conf=is_host="$is_host" {_program(values)}',
+        *_checkpointed(
+            values,
+            shape,
+            f'torchrun {rdzv} --rdzv_id="$PORTAL_RDZV_HOST" --rdzv_endpoint="$PORTAL_RDZV_HOST":{port} \\\n'
+            f'  --rdzv_conf=is_host="$is_host" {_program(values)}',
+            srun=False,
+        ),
     ]
 
 
 def render_horovod(values: dict[str, Any], shape: Shape) -> list[str]:
     setup, launcher = mpi_launch(shape, ranks_per_node=shape.gpus_per_node)
     # One rank per GPU; Horovod picks its GPU by local rank.
+    slurm = shape.backend_kind == "slurm"
     return [
         *header("horovod", shape),
         *venv_lines(values),
         *setup,
-        f"exec {launcher} python3 {_program(values)}",
+        *_checkpointed(values, shape, f"{launcher} python3 {_program(values)}", srun=slurm, mpirun=not slurm),
     ]
 
 
@@ -190,6 +243,9 @@ PYTHON = JobTemplate(
             "script": python_script("The script to run, relative to the working directory."),
             "args": ARGS,
             "venv": VENV,
+            "checkpoint_minutes": checkpoint_minutes(
+                "How often the program should save a checkpoint (PORTAL_CHECKPOINT_MINUTES)."
+            ),
         },
         required=["script"],
     ),
@@ -225,6 +281,9 @@ TORCHRUN = JobTemplate(
                 "default": 0,
                 "description": "How often torchrun restarts all workers after one fails.",
             },
+            "checkpoint_minutes": checkpoint_minutes(
+                "How often the program should save a checkpoint (PORTAL_CHECKPOINT_MINUTES)."
+            ),
         },
         required=["script"],
     ),
@@ -239,7 +298,14 @@ HOROVOD = JobTemplate(
     description="Horovod data-parallel training: one MPI rank per GPU, started by srun on Slurm and by "
     "Open MPI's mpirun on one node elsewhere.",
     parameters_schema=schema(
-        {"script": python_script("The training script; one copy runs per GPU."), "args": ARGS, "venv": VENV},
+        {
+            "script": python_script("The training script; one copy runs per GPU."),
+            "args": ARGS,
+            "venv": VENV,
+            "checkpoint_minutes": checkpoint_minutes(
+                "How often the program should save a checkpoint (PORTAL_CHECKPOINT_MINUTES)."
+            ),
+        },
         required=["script"],
     ),
     renderer=render_horovod,

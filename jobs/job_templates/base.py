@@ -108,6 +108,21 @@ VENV = relpath(
 )
 
 
+def checkpoint_minutes(description: str) -> dict[str, Any]:
+    """The checkpoint interval parameter, with what the template's tool does at that interval."""
+    return {
+        "type": "integer",
+        "title": "Checkpoint every (minutes)",
+        "minimum": 1,
+        "maximum": 1440,
+        # Sites that run preemptible work advise checkpoints every 10 to 30 minutes: a preemption
+        # without warning (a failed node) loses at most this much.
+        "default": 15,
+        "description": description + " The job also saves one when it is warned of a preemption, and a "
+        "restarted attempt resumes from the newest (PORTAL_CHECKPOINT_DIR).",
+    }
+
+
 def schema(properties: dict[str, Any], *, required: Iterable[str] = (), **extra: Any) -> dict[str, Any]:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -387,3 +402,173 @@ def mpi_launch(shape: Shape, *, ranks_per_node: int) -> tuple[list[str], str]:
     # Open MPI binds ranks to single cores by default, which would stack every OpenMP thread
     # of a rank on one core; the tools pin their own threads.
     return [], f"mpirun -np {ranks} -bind-to none -map-by slot"
+
+
+# --- Checkpoints and preemption ---------------------------------------------------------------
+#
+# The checkpoint contract (README, "The checkpoint contract for job scripts"): the backend sets
+# PORTAL_CHECKPOINT_DIR (the same directory for every attempt of a job), PORTAL_ATTEMPT and
+# PORTAL_PREEMPT_SIGNAL, the signal that warns the job some time before it is stopped (Slurm:
+# USR1 to this batch shell alone, --signal=B:USR1@grace; Kubernetes: TERM to the pod's first
+# process, this shell; local: TERM to the job's whole process group). The script has the
+# application save a checkpoint there every checkpoint_minutes and when warned, prints
+# `PORTAL_CHECKPOINT <epoch> <what>` once a checkpoint is whole and `PORTAL_RESUMED <epoch> <what>`
+# when it resumes from one; the portal reads both from the log.
+
+
+def checkpoint_lines(values: dict[str, Any]) -> list[str]:
+    """The contract's variables, for the script and the application alike, and the directory."""
+    return [
+        # A job from before the contract keeps its checkpoints in the tenant's scratch, one
+        # directory per scheduler job: a job's name need not be unique, its id is, and Slurm keeps
+        # the id when it requeues the job itself.
+        'export PORTAL_CHECKPOINT_DIR="${PORTAL_CHECKPOINT_DIR:-${PORTAL_SCRATCH:-$PWD}/checkpoints/'
+        'job-${SLURM_JOB_ID:-${PORTAL_JOB_ID:-$HOSTNAME}}}"',
+        'export PORTAL_ATTEMPT="${PORTAL_ATTEMPT:-1}"',
+        f"export PORTAL_CHECKPOINT_MINUTES={int(values['checkpoint_minutes'])}",
+        'mkdir -p -- "$PORTAL_CHECKPOINT_DIR"',
+        "",
+    ]
+
+
+def preempt_lines(stop: list[str]) -> list[str]:
+    """The handler of the preemption warning: `stop` asks the application, started later as $app,
+    to save a checkpoint and exit. Once per job: Slurm's TERM at the end, or a second warning,
+    must not ask again (a third TERM makes mdrun abort without a checkpoint)."""
+    return [
+        'app=""',
+        "preempted=0",
+        'preempt_signal=""',
+        "on_preempt() {",
+        "  if (( preempted )); then return; fi",
+        "  preempted=1",
+        "  preempt_signal=$1",
+        '  echo "Warned of preemption (SIG$1): saving a checkpoint, then stopping." >&2',
+        *(f"  {line}" for line in stop),
+        "}",
+        'read -r -a preempt_signals <<< "${PORTAL_PREEMPT_SIGNAL:-USR1 TERM}"',
+        'for signal in "${preempt_signals[@]}"; do',
+        "  if [[ ! $signal =~ ^[A-Z][A-Z0-9]*$ ]]; then continue; fi",
+        "  # shellcheck disable=SC2064 # expanded now: the handler is told which signal came",
+        '  trap "on_preempt $signal" "$signal"',
+        "done",
+        "",
+    ]
+
+
+def forward_lines(shape: Shape, *, srun: bool, mpirun: bool = False) -> list[str]:
+    """The stop request for an application that saves a checkpoint on SIGTERM (mdrun, torchrun and
+    its workers, a training script): the TERM goes where the backend's warning did not.
+
+    srun answers a TERM by killing its tasks (SIGKILL: Slurm's src/srun/srun.c, _forward_signal),
+    so Slurm signals the tasks of the job's steps itself; `scancel --signal` leaves the batch
+    step, this shell, out unless told --batch or --full (scancel(1)). Open MPI's mpirun answers a
+    TERM by killing its ranks a few seconds later (mpirun(1), Signal Propagation), and GROMACS
+    wants the signal on a rank, not on mpirun (mdrun's help, Halting running simulations), so the
+    ranks get it: the launcher's children. On the local cluster the warning reached the whole
+    process group, the application included: nothing to forward."""
+    if shape.backend_kind == "local":
+        return [":  # the local cluster's SIGTERM reached the application too"]
+    if srun:
+        return [
+            'scancel --signal=TERM "$SLURM_JOB_ID" || echo "scancel failed: the job stops unsaved." >&2',
+        ]
+    if mpirun:
+        return [
+            "local ranks=()",
+            "if [[ -n $app && -r /proc/$app/task/$app/children ]]; then",
+            '  read -r -a ranks < "/proc/$app/task/$app/children" || true',
+            "fi",
+            'if [[ -n $app ]]; then kill -TERM "${ranks[@]:-$app}" 2>/dev/null || true; fi',
+        ]
+    return ['if [[ -n $app ]]; then kill -TERM "$app" 2>/dev/null || true; fi']
+
+
+def launch_lines(command: str, *, poll: bool) -> list[str]:
+    """Start the application in the background, so that this shell can run the handler while it
+    works (bash runs a trap only between commands, and `wait` is one it can leave), and wait for
+    it: `status` is its exit status. With `poll`, record_checkpoints (the template's) runs every
+    PORTAL_CHECKPOINT_POLL_S seconds and prints the markers of the checkpoints written since."""
+    waiting = (
+        [
+            'checkpoint_poll_s="${PORTAL_CHECKPOINT_POLL_S:-10}"',
+            "if [[ ! $checkpoint_poll_s =~ ^[0-9]+(\\.[0-9]+)?$ ]]; then checkpoint_poll_s=10; fi",
+            "wait_app() {",
+            "  local ticker",
+            '  while kill -0 "$app" 2>/dev/null; do',
+            '    sleep "$checkpoint_poll_s" &',
+            "    ticker=$!",
+            "    wait -n || true  # the application, the ticker or a trapped signal",
+            '    kill "$ticker" 2>/dev/null || true',
+            '    wait "$ticker" 2>/dev/null || true',
+            "    record_checkpoints",
+            "  done",
+            '  wait "$app"',
+            "}",
+        ]
+        if poll
+        else [
+            "wait_app() {",
+            '  while kill -0 "$app" 2>/dev/null; do',
+            '    wait "$app" || true  # a trapped signal ends the wait early: the application goes on',
+            "  done",
+            '  wait "$app"',
+            "}",
+        ]
+    )
+    return [
+        *waiting,
+        'if (( preempted )); then exit $(( 128 + $(kill -l "$preempt_signal") )); fi',
+        f"{command} &",
+        "app=$!",
+        "status=0",
+        "wait_app || status=$?",
+    ]
+
+
+def exit_lines() -> list[str]:
+    """A job stopped on a warning exits as one killed by that signal, so that no scheduler reads
+    the attempt as the job's completion; otherwise with the application's status."""
+    return [
+        'if (( preempted )); then exit $(( 128 + $(kill -l "$preempt_signal") )); fi',
+        'exit "$status"',
+    ]
+
+
+def tracker_lines(*, newest: list[str], done: list[str]) -> list[str]:
+    """For applications that write checkpoints in place (LAMMPS's restart files, OpenFOAM's time
+    directories): a checkpoint is whole once the application has begun the next one, or has
+    exited with status 0. `newest` prints the newest checkpoint's name (function newest_checkpoint),
+    `done` records a whole one, $1, in the ledger $ck/latest, which a later attempt resumes from,
+    and prints its marker (function checkpoint_done)."""
+    return [
+        "newest_checkpoint() {",
+        *(f"  {line}" for line in newest),
+        "}",
+        "checkpoint_done() {",
+        *(f"  {line}" for line in done),
+        '  printf \'%s\\n\' "$1" > "$ck/latest.tmp"',
+        '  mv -f -- "$ck/latest.tmp" "$ck/latest"',
+        "}",
+        "record_checkpoints() {",
+        "  local newest",
+        "  newest=$(newest_checkpoint)",
+        '  if [[ -n $newest && $newest != "$ck_seen" ]]; then',
+        "    ck_seen=$newest",
+        '    if [[ -n $ck_pending ]]; then checkpoint_done "$ck_pending"; fi',
+        "    ck_pending=$newest",
+        "  fi",
+        "}",
+    ]
+
+
+def tracker_start_lines() -> list[str]:
+    """Just before the application starts: what is there now is no checkpoint of this run."""
+    return ["ck_seen=$(newest_checkpoint)", 'ck_pending=""']
+
+
+def tracker_end_lines() -> list[str]:
+    return [
+        "record_checkpoints",
+        'if (( status == 0 )) && [[ -n $ck_pending ]]; then checkpoint_done "$ck_pending"; fi',
+    ]

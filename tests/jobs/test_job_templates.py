@@ -88,8 +88,12 @@ def test_defaults_from_the_schema_are_applied():
     assert "--max_restarts=0" in script
     gromacs = render_template("gromacs", {}, nodes=1, gpus_per_node=1, backend_kind="local")
     assert "gmx_mpi mdrun -deffnm md " in gromacs
-    assert "-nb gpu -pme auto -cpi" in gromacs
+    assert '-nb gpu -pme auto -cpt 15 -cpo "$cpt" ${mdrun_resume[@]+"${mdrun_resume[@]}"} &' in gromacs
+    assert "mdrun_resume=(-cpi)" in gromacs  # resume: an earlier job's md.cpt
     assert "grompp" not in gromacs
+    for slug in TEMPLATES:
+        script = render_template(slug, MINIMAL[slug], nodes=1, gpus_per_node=1, backend_kind="local")
+        assert "export PORTAL_CHECKPOINT_MINUTES=15\n" in script
 
 
 def test_numbers_are_rendered_as_whole_numbers():
@@ -222,3 +226,93 @@ def test_shape_errors_and_parameter_errors_come_together():
     errors = invalid("python", {"script": "/abs.py"}, nodes=0, gpus_per_node=0)
     assert set(errors) == {"nodes", "gpus_per_node", "parameters.script"}
     assert list(invalid("python", {"script": "t.py"}, nodes=1, gpus_per_node=True)) == ["gpus_per_node"]
+
+
+# --- Checkpoints ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("slug", list(TEMPLATES))
+def test_every_template_takes_a_checkpoint_interval(slug):
+    spec = TEMPLATES[slug].parameters_schema["properties"]["checkpoint_minutes"]
+    assert (spec["type"], spec["minimum"], spec["maximum"], spec["default"]) == ("integer", 1, 1440, 15)
+    assert "PORTAL_CHECKPOINT_DIR" in spec["description"]
+
+
+@pytest.mark.parametrize("slug", list(TEMPLATES))
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (0, "Must be at least 1."),
+        (1441, "Must be at most 1440."),
+        ("15", "Must be a whole number."),
+        (True, "Must be a whole number."),
+        (2.5, "Must be a whole number."),
+        (None, "Must be a whole number."),
+    ],
+)
+def test_checkpoint_minutes_out_of_range_or_not_a_number_is_named(slug, value, message):
+    assert invalid(slug, {**MINIMAL[slug], "checkpoint_minutes": value}) == {
+        "parameters.checkpoint_minutes": [message]
+    }
+
+
+# What each tool is told of a 30-minute interval.
+INTERVAL_30 = {
+    "python": [],
+    "torchrun": [],
+    "horovod": [],
+    "gromacs": ['-cpt 30 -cpo "$cpt"'],
+    "lammps": ["ceil(1800 * elapsed / (cpu + 1e-9))", "restart v_portal_next $ck/restart.a $ck/restart.b"],
+    "openfoam": [
+        "foamDictionary -entry writeControl -set clockTime system/controlDict",
+        "foamDictionary -entry writeInterval -set 1800 system/controlDict",
+    ],
+}
+
+
+@pytest.mark.parametrize("slug", list(TEMPLATES))
+def test_the_interval_reaches_the_program_and_the_tool(slug):
+    params = {**MINIMAL[slug], "checkpoint_minutes": 30}
+    for kind in BACKEND_KINDS:
+        script = render_template(slug, params, nodes=1, gpus_per_node=2, backend_kind=kind)
+        assert "export PORTAL_CHECKPOINT_MINUTES=30\n" in script
+        for wanted in INTERVAL_30[slug]:
+            assert wanted in script, wanted
+        # The shell stays to hear the warning: Slurm's USR1 goes to the batch shell alone.
+        assert "\nexec " not in script
+        assert 'read -r -a preempt_signals <<< "${PORTAL_PREEMPT_SIGNAL:-USR1 TERM}"' in script
+        assert 'trap "on_preempt $signal" "$signal"' in script
+
+
+@pytest.mark.parametrize(
+    ("slug", "kind", "nodes", "forward"),
+    [
+        # srun would kill its tasks on a TERM of its own: Slurm signals the steps' tasks.
+        ("gromacs", "slurm", 2, 'scancel --signal=TERM "$SLURM_JOB_ID"'),
+        ("horovod", "slurm", 1, 'scancel --signal=TERM "$SLURM_JOB_ID"'),
+        ("torchrun", "slurm", 2, 'scancel --signal=TERM "$SLURM_JOB_ID"'),
+        # mpirun would kill its ranks soon after a TERM: the ranks get it.
+        ("gromacs", "kubernetes", 1, 'read -r -a ranks < "/proc/$app/task/$app/children"'),
+        ("horovod", "kubernetes", 1, 'kill -TERM "${ranks[@]:-$app}"'),
+        ("torchrun", "kubernetes", 3, 'kill -TERM "$app"'),
+        ("torchrun", "slurm", 1, 'kill -TERM "$app"'),
+        ("python", "kubernetes", 1, 'kill -TERM "$app"'),
+        # The local cluster's TERM reached the whole process group.
+        ("gromacs", "local", 1, ":  # the local cluster's SIGTERM reached the application too"),
+        ("python", "local", 1, ":  # the local cluster's SIGTERM reached the application too"),
+        # LAMMPS and OpenFOAM stop through their own files, everywhere.
+        ("lammps", "slurm", 2, ': > "$ck/stop"'),
+        ("openfoam", "kubernetes", 1, "foamDictionary -entry stopAt -set writeNow system/controlDict"),
+    ],
+)
+def test_the_warning_is_passed_on_where_the_backend_did_not_send_it(slug, kind, nodes, forward):
+    script = render_template(slug, MINIMAL[slug], nodes=nodes, gpus_per_node=2, backend_kind=kind)
+    handler = script[script.index("on_preempt() {") : script.index("\n}\n", script.index("on_preempt() {"))]
+    assert forward in handler
+    if kind == "local":
+        assert "kill -TERM" not in handler and "scancel" not in handler
+
+
+def test_lammps_variables_may_not_take_the_template_s_names():
+    errors = invalid("lammps", {"input": "in.lj", "variables": {"portal_restart": "x"}})
+    assert errors == {"parameters.variables": ["Names starting with portal_ are the template's own."]}

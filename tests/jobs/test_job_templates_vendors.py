@@ -151,7 +151,7 @@ def test_md_templates_run_the_same_command_on_amd_and_hygon(slug, vendor):
     kokkos = render_template(
         "lammps", {"input": "in.lj"}, nodes=1, gpus_per_node=2, backend_kind="local", vendor=vendor
     )
-    assert "lmp -k on g 2 -sf kk -in in.lj" in kokkos
+    assert 'lmp -k on g 2 -sf kk -in "$lammps_input"' in kokkos
     gpu = render_template(
         "lammps",
         {"input": "in.lj", "accelerator": "gpu"},
@@ -160,7 +160,7 @@ def test_md_templates_run_the_same_command_on_amd_and_hygon(slug, vendor):
         backend_kind="local",
         vendor=vendor,
     )
-    assert "lmp -sf gpu -pk gpu 2 -in in.lj" in gpu
+    assert 'lmp -sf gpu -pk gpu 2 -in "$lammps_input"' in gpu
 
 
 @pytest.mark.parametrize("vendor", ["amd", "hygon"])

@@ -515,7 +515,8 @@ def test_a_templates_parameters_are_typed_fields_and_make_the_job_in_chromium(
         job = outside_the_browser(lambda: Job.objects.get())
     assert (job.name, job.template) == ("templated", "torchrun")
     assert job.parameters == {
-        "script": "train.py", "args": ["--epochs=3", "--lr=0.1,0.2"], "rdzv_port": 29500, "max_restarts": 2
+        "script": "train.py", "args": ["--epochs=3", "--lr=0.1,0.2"], "rdzv_port": 29500, "max_restarts": 2,
+        "checkpoint_minutes": 15,
     }  # fmt: skip
     assert "train.py --epochs=3 --lr=0.1,0.2" in job.script
 
@@ -545,7 +546,8 @@ def test_a_checkbox_and_a_choice_of_gromacs_reach_the_job_in_chromium(
         page.wait_for_url(f"{base}/t/protein-lab/jobs/*/")
         job = outside_the_browser(lambda: Job.objects.get())
     assert job.parameters == {
-        "deffnm": "md", "maxwarn": 0, "nonbonded": "gpu", "pme": "cpu", "nsteps": 5000, "resume": False
+        "deffnm": "md", "maxwarn": 0, "nonbonded": "gpu", "pme": "cpu", "nsteps": 5000, "resume": False,
+        "checkpoint_minutes": 15,
     }  # fmt: skip
 
 
