@@ -11,7 +11,7 @@ from django.utils.translation import gettext_lazy as _
 from clusters.backends.base import JobState
 from clusters.models import Cluster, GpuModel, Partition, Scenario
 from clusters.shares import Share, ShareKind
-from tenants.models import QuotaGrant, Tenant, Tier
+from tenants.models import Cohort, QuotaGrant, Tenant, Tier
 
 job_name_validator = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", _("1 to 64 letters, digits, dots, dashes and underscores.")
@@ -105,7 +105,8 @@ class Job(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     gpu_hours = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
 
-    reserved_gpu_hours = models.DecimalField(max_digits=12, decimal_places=2)
+    # to the grant's precision: an attempt's charge and lost work move it by 0.0001 GPU-hours
+    reserved_gpu_hours = models.DecimalField(max_digits=12, decimal_places=4)
     holds_gpus = models.BooleanField(default=False)
     dispatch_attempts = models.PositiveIntegerField(default=0)
     # Whoever holds an unexpired lease is submitting this job; a second dispatcher (a retry, the
@@ -113,6 +114,24 @@ class Job(models.Model):
     dispatch_lease_until = models.DateTimeField(null=True, blank=True)
     idempotency_key = models.CharField(max_length=128, blank=True)
     request_digest = models.CharField(max_length=64, blank=True)
+    # Preemption, loans and restarts (jobs/services/lending.py, docs/architecture/lending.md).
+    # preemptible: its submitter lets it run on GPUs lent by other tenants of a cohort, and be
+    # stopped (warned first) when they take them back. A job that ends PREEMPTED or NODE_FAIL
+    # (or FAILED with one of restart_exit_codes, "1,42") is submitted again, up to
+    # max_restarts times, as the next attempt of the same job: not before restart_after.
+    # gpus_borrowed: how many of its gpus this attempt took on loan (reclaimed or not).
+    # stop_at: it was warned, and is stopped then. gpu_hours_lost: what its stopped attempts
+    # ran past their last checkpoint, which is not charged.
+    preemptible = models.BooleanField(default=False, db_default=False)
+    max_restarts = models.PositiveSmallIntegerField(default=0, db_default=0)
+    restart_exit_codes = models.CharField(max_length=64, blank=True, db_default="")
+    attempt = models.PositiveSmallIntegerField(default=1, db_default=1)
+    gpus_borrowed = models.PositiveIntegerField(default=0, db_default=0)
+    restart_after = models.DateTimeField(null=True, blank=True)
+    stop_at = models.DateTimeField(null=True, blank=True)
+    gpu_hours_lost = models.DecimalField(
+        max_digits=12, decimal_places=4, default=Decimal(0), db_default=Decimal(0)
+    )
     # Idle GPUs (jobs/services/idle.py): the first sample under the threshold in the current idle
     # stretch, null while busy or unknown; when this stretch was mailed to the submitter.
     gpu_idle_since = models.DateTimeField(null=True, blank=True)
@@ -153,6 +172,86 @@ class Job(models.Model):
         """The devices' worth the job holds: its units × what each counts of a device."""
         return self.gpus * self.device_fraction
 
+    @property
+    def exit_codes_to_restart(self) -> frozenset[int]:
+        return frozenset(int(code) for code in self.restart_exit_codes.split(",") if code)
+
+    @property
+    def restarts_left(self) -> int:
+        return max(0, self.max_restarts - (self.attempt - 1))
+
+
+class JobAttempt(models.Model):
+    """One run of a job in its scheduler, from dispatch to its end: a restarted job has several
+    (Job.attempt counts them). What the attempt used, and of that what it kept: the last
+    checkpoint it reported (`PORTAL_CHECKPOINT <epoch>` in its log, read after it ended) and the
+    GPU-hours it ran past it, lost and not charged."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveSmallIntegerField()
+    backend_id = models.CharField(max_length=128, blank=True)
+    token = models.CharField(max_length=32)
+    node_list = models.CharField(max_length=500, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField()
+    end_state = models.CharField(max_length=16, choices=JobState.choices)
+    reason = models.CharField(max_length=200, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    gpu_hours = models.DecimalField(max_digits=12, decimal_places=4, default=Decimal(0))
+    checkpoint_at = models.DateTimeField(null=True, blank=True)
+    gpu_hours_lost = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
+    reviewed = models.BooleanField(default=False)  # its log was read for checkpoints
+
+    class Meta:
+        ordering = ["job_id", "number"]
+        constraints = [models.UniqueConstraint(fields=["job", "number"], name="job_attempt_once")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} attempt {self.number}: {self.end_state}"
+
+    @property
+    def minutes_kept(self) -> int | None:
+        if self.checkpoint_at is None or self.started_at is None:
+            return None
+        return max(0, int((self.checkpoint_at - self.started_at).total_seconds() // 60))
+
+
+class Loan(models.Model):
+    """GPUs of a lender's grant that a borrower's job holds (jobs/services/lending.py): taken at
+    admission, given back when the job ends or its lender reclaims them (`reclaimed`)."""
+
+    # kept as the lenders' and borrowers' record once its cohort is deleted (no open loan may be)
+    cohort = models.ForeignKey(Cohort, null=True, on_delete=models.SET_NULL, related_name="loans")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="loans")
+    attempt = models.PositiveSmallIntegerField(default=1)
+    borrower = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="loans_taken")
+    lender = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="loans_given")
+    lender_grant = models.ForeignKey(QuotaGrant, on_delete=models.PROTECT, related_name="loans")
+    gpus = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    started_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    reclaimed = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(
+                fields=["lender_grant"], condition=Q(ended_at__isnull=True), name="loan_open_by_grant"
+            ),
+            models.Index(fields=["borrower", "-started_at"], name="loan_borrower_recent"),
+            models.Index(fields=["lender", "-started_at"], name="loan_lender_recent"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpus} GPUs of {self.lender_id} to job {self.job_id}"
+
+    def gpu_hours(self, until=None) -> Decimal:
+        """GPU-hours lent so far (whole GPUs of the cohort's model)."""
+        end = self.ended_at or until or timezone.now()
+        return Decimal(max(0.0, (end - self.started_at).total_seconds()) * self.gpus / 3600).quantize(
+            Decimal("0.0001")
+        )
+
 
 class JobEvent(models.Model):
     """A state change of a job, with why; in order of id. `at` is when it happened: the
@@ -164,6 +263,7 @@ class JobEvent(models.Model):
     to_state = models.CharField(max_length=16, choices=JobState.choices)
     reason = models.CharField(max_length=200, blank=True)
     raw_state = models.CharField(max_length=64, blank=True)
+    attempt = models.PositiveSmallIntegerField(default=1, db_default=1)  # the job's attempt it belongs to
 
     class Meta:
         ordering = ["id"]

@@ -1,16 +1,17 @@
-from datetime import date
+from datetime import date, datetime, timedelta
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Avg, Count, Exists, F, Max, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
+from django.utils import timezone
 
 from clusters.models import Cluster
-from jobs.models import Job, JobEvent, JobGpuSample, JobState
+from jobs.models import Job, JobEvent, JobGpuSample, JobState, Loan
 from jobs.states import ACTIVE_IN_SCHEDULER
 from portal.core.compiled import CompiledQuery
 from portal.core.staff import holds_staff_perm, sees_all_tenants
 from tenants import roles
-from tenants.models import Tenant, TenantUserPermission
+from tenants.models import CohortMember, Tenant, TenantUserPermission
 from tenants.selectors import tenant_id_list_visible_to, tenant_ids_visible_to, tenant_perms
 
 
@@ -54,6 +55,14 @@ JOB_ANSWER = {
     "exit_code": "exit_code",
     "gpu_hours": "gpu_hours",
     "gpu_hours_reserved": "reserved_gpu_hours",
+    "preemptible": "preemptible",
+    "max_restarts": "max_restarts",
+    "restart_exit_codes": "restart_exit_codes",
+    "attempt": "attempt",
+    "gpus_borrowed": "gpus_borrowed",
+    "gpu_hours_lost": "gpu_hours_lost",
+    "stop_at": "stop_at",
+    "restart_after": "restart_after",
 }
 API_JOB_FIELDS = tuple(JOB_ANSWER.values())
 # What JobDetailOut adds for the job's submitter and the tenant's owners and managers: columns
@@ -310,3 +319,101 @@ def gpu_efficiency_of(jobs: list[Job]) -> dict[int, dict]:
         if sample.at == row["latest_at"]:
             row["latest"] = sample
     return by_job
+
+
+# --- Lending (jobs/services/lending.py): what a tenant lends, borrows and has reclaimed
+
+LENDING_DAYS_MAX = 90
+
+
+def lending_of(*, tenant: Tenant, days: int = 30, now: datetime | None = None) -> dict:
+    """The tenant's places in cohorts with the GPUs it lends and borrows now, and its loans of
+    the last `days` days by day: GPU-hours lent and borrowed within each day, and reclaims (its
+    GPUs taken back from borrowers, and its borrowed jobs stopped for their lenders). The
+    caller has checked that the user may read the tenant; no other tenant is named."""
+    now = now or timezone.now()
+    since = now - timedelta(days=days)
+    places = list(
+        CohortMember.objects.filter(tenant=tenant)
+        .select_related("cohort__gpu_model", "cohort__partition__cluster")
+        .order_by("cohort__slug")
+    )
+    open_loans = (
+        Loan.objects.filter(ended_at__isnull=True)
+        .filter(Q(lender=tenant) | Q(borrower=tenant))
+        .values("cohort_id")
+        .annotate(
+            lent=Sum("gpus", filter=Q(lender=tenant), default=0),
+            borrowed=Sum("gpus", filter=Q(borrower=tenant), default=0),
+        )
+    )
+    by_cohort = {row["cohort_id"]: row for row in open_loans}
+    cohorts = [
+        {
+            "cohort": place.cohort.slug,
+            "gpu_model": place.cohort.gpu_model.slug,
+            "partition": (
+                {"cluster": place.cohort.partition.cluster.slug, "name": place.cohort.partition.name}
+                if place.cohort.partition_id
+                else None
+            ),
+            "reclaim_grace_s": place.cohort.reclaim_grace_s,
+            "lending_limit": place.lending_limit,
+            "borrowing_limit": place.borrowing_limit,
+            "lent_gpus": by_cohort.get(place.cohort_id, {}).get("lent", 0),
+            "borrowed_gpus": by_cohort.get(place.cohort_id, {}).get("borrowed", 0),
+        }
+        for place in places
+    ]
+    loans = (
+        Loan.objects.filter(Q(lender=tenant) | Q(borrower=tenant), started_at__lt=now)
+        .filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since))
+        .values_list("lender_id", "gpus", "started_at", "ended_at", "reclaimed")
+    )
+    first_day = since.date()
+    daily = {
+        first_day + timedelta(days=n): {"lent_gpu_hours": 0.0, "borrowed_gpu_hours": 0.0, "reclaimed": 0}
+        for n in range((now.date() - first_day).days + 1)
+    }
+    totals = {"lent_gpu_hours": 0.0, "borrowed_gpu_hours": 0.0, "reclaimed_from_borrowers": 0}
+    totals["reclaimed_from_us"] = 0
+    for lender_id, gpus, started_at, ended_at, reclaimed in loans:
+        side = "lent_gpu_hours" if lender_id == tenant.pk else "borrowed_gpu_hours"
+        # an end after now: another host's clock; counted up to now
+        ended_at = min(ended_at, now) if ended_at else None
+        for day, hours in _hours_by_day(max(started_at, since), ended_at or now, gpus):
+            daily[day][side] += hours
+            totals[side] += hours
+        if reclaimed and ended_at is not None and ended_at >= since:
+            daily[ended_at.date()]["reclaimed"] += 1
+            totals["reclaimed_from_borrowers" if lender_id == tenant.pk else "reclaimed_from_us"] += 1
+    return {
+        "tenant": tenant.slug,
+        "cohorts": cohorts,
+        "lent_gpus": sum(row["lent_gpus"] for row in cohorts),
+        "borrowed_gpus": sum(row["borrowed_gpus"] for row in cohorts),
+        "days": days,
+        **{key: round(value, 4) for key, value in totals.items()},
+        "daily": [
+            {"date": day.isoformat(), **{key: round(value, 4) for key, value in row.items()}}
+            for day, row in sorted(daily.items())
+        ],
+    }
+
+
+def _hours_by_day(start: datetime, end: datetime, gpus: int):
+    """GPU-hours of `gpus` held from start to end, cut at each midnight (UTC)."""
+    while start < end:
+        next_day = start.date() + timedelta(days=1)
+        midnight = datetime.combine(next_day, datetime.min.time(), tzinfo=start.tzinfo)
+        cut = min(end, midnight)
+        yield start.date(), (cut - start).total_seconds() * gpus / 3600
+        start = cut
+
+
+def lending_panel_of(*, tenant: Tenant, days: int = 30) -> dict | None:
+    """The dashboard's lending panel: lending_of for a tenant in a cohort; None, after one
+    query, for a tenant in none (most tenants), whose dashboard leaves the panel out."""
+    if not CohortMember.objects.filter(tenant=tenant).exists():
+        return None
+    return lending_of(tenant=tenant, days=days)

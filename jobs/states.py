@@ -12,10 +12,12 @@ _SCHEDULER_ENDS = END_STATES - {S.REJECTED}
 ALLOWED: dict[str, frozenset[str]] = {
     S.QUEUED: frozenset({S.SUBMITTING, S.CANCELLED, S.REJECTED}),
     # A short job can be over before the first poll sees it: straight to its end.
-    S.SUBMITTING: frozenset({S.PENDING, S.RUNNING, S.CANCELLING, S.REJECTED} | _SCHEDULER_ENDS),
-    S.PENDING: frozenset({S.RUNNING, S.CANCELLING} | _SCHEDULER_ENDS),
+    # → QUEUED: the attempt ended PREEMPTED, NODE_FAIL (or FAILED with an exit code to restart
+    # on) and the portal queues the job's next attempt (jobs/services/finish.py).
+    S.SUBMITTING: frozenset({S.QUEUED, S.PENDING, S.RUNNING, S.CANCELLING, S.REJECTED} | _SCHEDULER_ENDS),
+    S.PENDING: frozenset({S.QUEUED, S.RUNNING, S.CANCELLING} | _SCHEDULER_ENDS),
     # RUNNING → PENDING: the scheduler requeued it (preemption with requeue, node failure).
-    S.RUNNING: frozenset({S.PENDING, S.CANCELLING} | _SCHEDULER_ENDS),
+    S.RUNNING: frozenset({S.QUEUED, S.PENDING, S.CANCELLING} | _SCHEDULER_ENDS),
     S.CANCELLING: frozenset(_SCHEDULER_ENDS),
     **{end: frozenset() for end in END_STATES},
 }

@@ -150,3 +150,21 @@ def sample_gpus() -> dict:
     """Beat, every GPU_SAMPLE_INTERVAL_S: one reading of each RUNNING job's GPUs, kept for its
     charts (jobs/services/telemetry.py). No retry: the next beat reads anew."""
     return services.jobs_sample_gpus().as_dict()
+
+
+@shared_task(acks_late=True, soft_time_limit=60, time_limit=90, **BACKEND_RETRY)
+def warn_job(*, job_id: int) -> None:
+    """A job reclaimed by its lender: warned now, stopped after its grace (services.job_warn)."""
+    services.job_warn(job_id=job_id)
+
+
+@shared_task(acks_late=True, soft_time_limit=60, time_limit=90, **BACKEND_RETRY)
+def stop_job(*, job_id: int) -> None:
+    """A warned job whose grace is out: cancelled in its scheduler (services.job_stop)."""
+    services.job_stop(job_id=job_id)
+
+
+@shared_task(acks_late=True, soft_time_limit=60, time_limit=90, **BACKEND_RETRY)
+def review_attempt(*, attempt_id: int) -> None:
+    """What a stopped attempt kept: its last checkpoint, its lost GPU-hours given back."""
+    services.attempt_review(attempt_id=attempt_id)

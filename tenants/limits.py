@@ -11,7 +11,7 @@ from clusters.backends.base import TenantLimits
 from clusters.models import Cluster, IdentityCheck
 from clusters.services import backend_of
 from clusters.shares import ShareKind, k8s_quota_resources
-from tenants.models import QuotaGrant, Tenant, TenantState
+from tenants.models import CohortMember, QuotaGrant, Tenant, TenantState
 from tenants.selectors import tenant_identities
 
 log = logging.getLogger("tenants.limits")
@@ -64,7 +64,11 @@ def tenant_limits(*, tenant: Tenant, cluster: Cluster) -> TenantLimits:
                     mig_profile=grant.mig_profile,
                 ).items():
                     k8s[name] = k8s.get(name, 0) + count
+    cohort, lending, borrowing = _cohort_limits(tenant, models_here, gpus_by_type, k8s)
     return TenantLimits(
+        cohort=cohort,
+        k8s_lending=lending,
+        k8s_borrowing=borrowing,
         account=tenant.slug,
         qos=f"portal-{tenant.tier}",
         # the identities its jobs run as: never the service user, which keeps no association here
@@ -74,6 +78,29 @@ def tenant_limits(*, tenant: Tenant, cluster: Cluster) -> TenantLimits:
         k8s_resources=k8s,
         shards=shards,
     )
+
+
+def _cohort_limits(
+    tenant: Tenant, models_here: set[int], gpus_by_type: dict[str, int], k8s: dict[str, int]
+) -> tuple[str, dict[str, int], dict[str, int]]:
+    """A tenant that may borrow whole GPUs of a model here holds that many more at once in the
+    scheduler's limits (GrpTRES, ResourceQuota): the portal's ledger decides each loan, and the
+    scheduler's limit is its backstop, which must let a borrowed job run. Returns, for Kueue's
+    ClusterQueue, the tenant's cohort here (the first, by slug) and its lending and borrowing
+    limits per resource."""
+    cohort, lending, borrowing = "", {}, {}
+    if tenant.state != TenantState.ACTIVE:
+        return cohort, lending, borrowing
+    places = CohortMember.objects.filter(tenant=tenant, cohort__gpu_model_id__in=models_here)
+    for place in places.select_related("cohort__gpu_model").order_by("cohort__slug"):
+        model = place.cohort.gpu_model
+        if place.borrowing_limit:
+            gpus_by_type[model.slurm_gres] = gpus_by_type.get(model.slurm_gres, 0) + place.borrowing_limit
+            k8s[model.k8s_resource] = k8s.get(model.k8s_resource, 0) + place.borrowing_limit
+        cohort = cohort or place.cohort.slug
+        lending[model.k8s_resource] = lending.get(model.k8s_resource, 0) + place.lending_limit
+        borrowing[model.k8s_resource] = borrowing.get(model.k8s_resource, 0) + place.borrowing_limit
+    return cohort, lending, borrowing
 
 
 def tenant_apply(*, tenant_id: int, cluster_id: int) -> TenantLimits:

@@ -1,14 +1,14 @@
 from decimal import Decimal
 
 from django.conf import settings
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from guardian.models import GroupObjectPermissionBase, UserObjectPermissionBase
 
-from clusters.models import Cluster, GpuModel, Scenario
+from clusters.models import Cluster, GpuModel, Partition, Scenario
 from clusters.shares import ShareKind
 from portal.core.validators import cluster_username_validator, reserved_slug_validator, slug_validator
 
@@ -278,3 +278,56 @@ class QuotaRequest(models.Model):
     @property
     def unit(self) -> str:
         return unit_of(self.share, self.mig_profile)
+
+
+class Cohort(models.Model):
+    """Tenants that lend each other the idle GPUs of their grants for one GPU model
+    (docs/architecture/lending.md): on one partition, or on every partition of the model.
+    Each member lends and borrows at most its limits (CohortMember); a lender takes its GPUs
+    back from borrowed jobs, which are warned reclaim_grace_s before they are stopped."""
+
+    slug = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=200, blank=True)
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="+")
+    partition = models.ForeignKey(
+        Partition,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text=_("Lend only on this partition; empty: on every partition of the GPU model"),
+    )
+    reclaim_grace_s = models.PositiveIntegerField(
+        default=300,
+        validators=[MinValueValidator(10), MaxValueValidator(3600)],
+        help_text=_("Seconds a borrowed job has to save a checkpoint once its lender reclaims its GPUs"),
+    )
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    def covers(self, partition_id: int) -> bool:
+        return self.partition_id is None or self.partition_id == partition_id
+
+
+class CohortMember(models.Model):
+    """A tenant's place in a cohort: the most of its granted concurrent GPUs (whole devices of
+    the cohort's model) it lends to the others at once, and the most it borrows. Both 0 by
+    default: a member lends and borrows nothing until an admin says."""
+
+    cohort = models.ForeignKey(Cohort, on_delete=models.CASCADE, related_name="members")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="cohort_places")
+    lending_limit = models.PositiveIntegerField(default=0)
+    borrowing_limit = models.PositiveIntegerField(default=0)
+    joined = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["cohort_id", "tenant_id"]
+        constraints = [models.UniqueConstraint(fields=["cohort", "tenant"], name="cohort_member_once")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} in {self.cohort_id}"

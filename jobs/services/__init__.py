@@ -5,7 +5,8 @@ common ← admission ← finish ← {submit, poll, cancel, dispatch} ← {idle, 
 one above it, and tests/repository/test_structure.py holds the import graph to that."""
 
 from jobs.services.admission import jobs_admit
-from jobs.services.cancel import job_cancel, job_cancel_in_scheduler
+from jobs.services.attempts import attempt_review
+from jobs.services.cancel import job_cancel, job_cancel_in_scheduler, job_stop, job_warn
 from jobs.services.cleanup import (
     GrantEndReport,
     OrphanReport,
@@ -41,6 +42,7 @@ __all__ = [
     "ScratchReport",
     "SuspendedReport",
     "WalltimeCapReport",
+    "attempt_review",
     "cluster_gpu_samples",
     "grants_end",
     "job_cancel",
@@ -49,7 +51,9 @@ __all__ = [
     "job_finish",
     "job_log_tail",
     "job_preview",
+    "job_stop",
     "job_submit",
+    "job_warn",
     "jobs_admit",
     "jobs_cap_walltime",
     "jobs_dispatch",

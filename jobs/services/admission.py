@@ -30,8 +30,9 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 from clusters.models import Partition
-from jobs.models import PRIORITY_ORDER, Job, JobState
+from jobs.models import PRIORITY_ORDER, Job, JobState, Loan
 from jobs.services.common import log, send_after_commit, send_now
+from jobs.services.lending import LendingPool, lending_pool, loans_end, open_loan_grants
 from tenants.models import QuotaGrant, TenantState, Tier
 from tenants.services import grant_settle, grant_take_gpus
 
@@ -41,6 +42,7 @@ FAIR_SHARE_WINDOW = timedelta(days=30)
 
 QUOTA_WAIT = "quota_wait"
 CAPACITY_WAIT = "capacity_wait"
+RESTART_BACKOFF = "restart_backoff"  # a restarted job waits out its backoff (Job.restart_after)
 
 
 # Fair-share usage moves by the day; a pass may read a tenant's from a minute ago.
@@ -112,7 +114,7 @@ def waiting_on(partition_id: int) -> list[Job]:
 
 WAITING_FIELDS = (
     *("id", "grant_id", "gpus", "device_fraction", "priority", "created", "reason", "holds_gpus", "state"),
-    "partition_id",
+    *("partition_id", "tenant_id", "preemptible", "share", "restart_after", "attempt", "gpus_borrowed"),
     *("tenant__tier", "tenant__state", "tenant__slug"),
 )
 
@@ -147,14 +149,34 @@ def job_unadmit_if_held(job: Job) -> bool:
     held = job_held_back(job, grant=QuotaGrant.objects.get(pk=job.grant_id), today=timezone.localdate())
     if not held:
         return False
-    grant_settle(
-        grant_id=job.grant_id, reserved_gpu_hours=Decimal(0), used_gpu_hours=Decimal(0), gpus=job.gpus
-    )
-    job.holds_gpus, job.reason, job.dispatch_lease_until = False, held, None
-    job.save(update_fields=["holds_gpus", "reason", "dispatch_lease_until"])
+    gpus_back(job, now=timezone.now())
+    job.holds_gpus, job.reason, job.dispatch_lease_until, job.gpus_borrowed = False, held, None, 0
+    job.save(update_fields=["holds_gpus", "reason", "dispatch_lease_until", "gpus_borrowed"])
     partition_id = job.partition_id
     transaction.on_commit(lambda: jobs_admit_soon(partition_id=partition_id))  # its GPUs go to the next
     return True
+
+
+def gpus_back(job: Job, *, now) -> dict[int, int]:
+    """The GPUs an admitted job holds given back: its own grant's, and its loans' to their
+    lenders' grants (jobs/services/lending.py). The caller holds the grants' locks or takes them
+    here in id order (partition → job → grants). Returns grant id → GPUs given back."""
+    back = loans_end([job.pk], now=now)
+    back[job.grant_id] = back.get(job.grant_id, 0) + job.gpus - job.gpus_borrowed
+    for grant_id in sorted(back):
+        if back[grant_id]:
+            grant_settle(
+                grant_id=grant_id,
+                reserved_gpu_hours=Decimal(0),
+                used_gpu_hours=Decimal(0),
+                gpus=back[grant_id],
+            )
+    return back
+
+
+def grants_to_lock(job_ids, grant_ids: set[int]) -> set[int]:
+    """The grants whose GPUs these jobs hold: their own, and their loans' lenders'."""
+    return grant_ids | open_loan_grants(job_ids)
 
 
 def _admit(partition: Partition) -> list[int]:
@@ -164,44 +186,66 @@ def _admit(partition: Partition) -> list[int]:
     skipped; the first that waits for the partition's capacity stops the line. With no GPU
     free nobody can start, and only the jobs that have no reason yet (just submitted) get one."""
     free = partition.gpus_total - gpus_held_on(partition.pk)
-    if free <= 0:
-        _mark_waiting(partition)
+    if free <= 0 and not Loan.objects.filter(ended_at__isnull=True).exists():
+        _mark_waiting(partition)  # full, and no loan a waiting lender could reclaim
         return []
     waiting = waiting_on(partition.pk)
-    # Every grant this pass may touch, locked in one statement in id order: two admissions on
-    # partitions that share a grant then queue on it instead of deadlocking.
+    pool = lending_pool(partition, waiting)
+    # Every grant this pass may touch (the cohorts' lenders' too), locked in one statement in id
+    # order: two admissions on partitions that share a grant then queue on it instead of
+    # deadlocking.
     locked = (
         QuotaGrant.objects.select_for_update(no_key=True)
-        .filter(pk__in={j.grant_id for j in waiting})
+        .filter(pk__in={j.grant_id for j in waiting} | (pool.grant_ids() if pool else set()))
         .order_by("pk")
     )
     grants = {grant.pk: grant for grant in locked}
-    today = timezone.localdate()
+    today, now = timezone.localdate(), timezone.now()
     admitted = []
-    for job in admission_order(waiting):
+    order = admission_order(waiting)
+    if pool is not None:  # a tenant whose own jobs wait for its quota lends nothing new meanwhile
+        pool.short = {job.tenant_id for job in order if not grants[job.grant_id].has_room_for(job.gpus)}
+    for job in order:
         before = job.reason
         grant = grants[job.grant_id]
+        plan = None
         if held := job_held_back(job, grant=grant, today=today):
             job.reason = held
-        elif not grant.has_room_for(job.gpus):
+        elif job.restart_after and job.restart_after > now:
+            job.reason = RESTART_BACKOFF
+        elif not grant.has_room_for(job.gpus) and not (
+            _reclaimed_room(pool, job, grant, grants)
+            or (plan := pool and pool.borrow_plan(job, grant, grants))
+        ):
             job.reason = QUOTA_WAIT
         elif job.gpus * job.device_fraction > free:
             job.reason = CAPACITY_WAIT
             free = 0  # strict order: nobody passes a job that waits for capacity
-        elif not grant_take_gpus(grant_id=job.grant_id, gpus=job.gpus):
+        elif not (pool.borrow(job, grant, grants, plan) if plan else _take(job, grant)):
             job.reason = QUOTA_WAIT
         else:
-            grant.gpus_in_use += job.gpus
             free -= job.gpus * job.device_fraction
             job.holds_gpus, job.reason = True, ""
             admitted.append(job.pk)
         if job.holds_gpus or job.reason != before:
             Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
-                reason=job.reason, holds_gpus=job.holds_gpus
+                reason=job.reason, holds_gpus=job.holds_gpus, gpus_borrowed=job.gpus_borrowed
             )
     for job_id in admitted:
         send_after_commit("jobs.tasks.dispatch_job", job_id=job_id)
     return admitted
+
+
+def _take(job: Job, grant: QuotaGrant) -> bool:
+    if not grant_take_gpus(grant_id=job.grant_id, gpus=job.gpus):
+        return False
+    grant.gpus_in_use += job.gpus
+    return True
+
+
+def _reclaimed_room(pool: LendingPool | None, job: Job, grant: QuotaGrant, grants: dict) -> bool:
+    """Whether reclaiming what the job's grant has lent made room for it now."""
+    return pool is not None and bool(pool.reclaim(job, grant, grants)) and grant.has_room_for(job.gpus)
 
 
 def _mark_waiting(partition: Partition) -> None:

@@ -1,15 +1,18 @@
 """Cancel a job: at once while it waits in the portal, through its scheduler once it is there."""
 
+from datetime import timedelta
+
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.utils import timezone
 
 from clusters.backends.base import JobStatus
 from clusters.services import backend_of, cluster_check_available
 from jobs.models import Job, JobState
 from jobs.selectors import job_may_cancel
-from jobs.services.common import job_move, send_after_commit
+from jobs.services.common import job_move, send_after_commit, send_now
 from jobs.services.finish import job_finish
-from jobs.states import END_STATES
+from jobs.states import ACTIVE_IN_SCHEDULER, END_STATES
 from portal.core.errors import Conflict, Forbidden
 from portal.core.services import audit_record
 
@@ -60,3 +63,44 @@ def job_cancel_in_scheduler(*, job_id: int, backend_id: str = "") -> None:
     if backend_id or (job.state == JobState.CANCELLING and job.backend_id):
         cluster_check_available(cluster=job.cluster)  # an open breaker: retried without a wait on SSH
         backend_of(job.cluster).cancel(backend_id or job.backend_id, user=job.cluster_user)
+
+
+def job_warn(*, job_id: int) -> None:
+    """A job reclaimed by its lender (jobs/services/lending.py, stop_at set): warn it, so that
+    it saves its checkpoint (Backend.warn: Slurm USR1, Kubernetes and local SIGTERM), and stop
+    it once its grace is out (job_stop, sent for then). One that has not started yet is
+    stopped at once: it has nothing to save. BackendUnavailable is retried by the task."""
+    job = Job.objects.select_related("cluster").get(pk=job_id)
+    if job.stop_at is None or job.state not in (JobState.SUBMITTING, JobState.PENDING, JobState.RUNNING):
+        return
+    if not job.backend_id:
+        return  # still being submitted: the sweep stops it once it has an id (jobs_stop_overdue)
+    cluster_check_available(cluster=job.cluster)
+    left = max(0, int((job.stop_at - timezone.now()).total_seconds()))
+    if job.state == JobState.RUNNING and left:
+        backend_of(job.cluster).warn(job.backend_id, user=job.cluster_user, grace_s=left)
+        send_now("jobs.tasks.stop_job", job_id=job.pk, countdown=left)
+    else:
+        job_stop(job_id=job.pk)
+
+
+def job_stop(*, job_id: int) -> None:
+    """A warned job whose grace is out: cancelled in its scheduler; the poll sees it end and
+    finish.py queues its next attempt (or ends it PREEMPTED when none is left)."""
+    job = Job.objects.select_related("cluster").get(pk=job_id)
+    if job.stop_at is None or job.state in END_STATES or not job.backend_id:
+        return
+    cluster_check_available(cluster=job.cluster)
+    backend_of(job.cluster).cancel(job.backend_id, user=job.cluster_user)
+
+
+def jobs_stop_overdue() -> int:
+    """The sweep's part: warned jobs still in their scheduler a minute past their stop (a stop
+    message lost, or an id that came after the warning): stopped now. Returns how many."""
+    overdue = Job.objects.filter(
+        stop_at__lt=timezone.now() - timedelta(seconds=60), state__in=ACTIVE_IN_SCHEDULER
+    ).exclude(backend_id="")
+    ids = list(overdue.values_list("pk", flat=True))
+    for job_id in ids:
+        send_now("jobs.tasks.stop_job", job_id=job_id)
+    return len(ids)

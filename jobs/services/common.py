@@ -15,7 +15,7 @@ from jobs.states import check_move
 log = logging.getLogger("jobs.services")
 
 
-def send_after_commit(task: str, **kwargs) -> None:
+def send_after_commit(task: str, *, countdown: int | None = None, **kwargs) -> None:
     """Enqueue after commit. By name: tasks import services, so services must not import tasks.
     A broker that is down costs the message, not the request: what was committed stays, and
     the sweep re-sends it from the database once the broker is back (docs/architecture.md,
@@ -23,18 +23,20 @@ def send_after_commit(task: str, **kwargs) -> None:
 
     def send() -> None:
         try:
-            send_now(task, **kwargs)
+            send_now(task, countdown=countdown, **kwargs)
         except OperationalError as exc:
             log.warning("broker unreachable, %s(%s) left to the sweep: %s", task, kwargs, exc)
 
     transaction.on_commit(send)
 
 
-def send_now(task: str, **kwargs) -> None:
-    # ignore_result: nobody waits for these. Outside a worker, Celery would otherwise subscribe
-    # to the result backend before publishing, which with Redis down blocks for ~20 s and then
-    # leaves the process's result consumer broken until it restarts.
-    current_app.send_task(task, kwargs=kwargs, ignore_result=True)
+def send_now(task: str, *, countdown: int | None = None, **kwargs) -> None:
+    """Enqueue now (`countdown`: to run that many seconds later).
+
+    ignore_result: nobody waits for these. Outside a worker, Celery would otherwise subscribe
+    to the result backend before publishing, which with Redis down blocks for ~20 s and then
+    leaves the process's result consumer broken until it restarts."""
+    current_app.send_task(task, kwargs=kwargs, countdown=countdown, ignore_result=True)
 
 
 def job_move(job: Job, to_state: str, *, reason: str = "", raw_state: str = "") -> None:
@@ -83,5 +85,6 @@ def last_event_times(job_ids) -> dict[int, datetime]:
 def _moved(job: Job, to_state: str, *, reason: str, raw_state: str) -> dict:
     check_move(job.state, to_state)
     event = {"from_state": job.state, "to_state": to_state, "reason": reason, "raw_state": raw_state}
+    event["attempt"] = job.attempt
     job.state, job.reason, job.raw_state = to_state, reason, raw_state or job.raw_state
     return event

@@ -22,6 +22,7 @@ from clusters.services import backend_of, cluster_answered, cluster_available, c
 from jobs.models import Job, JobEvent, JobState
 from jobs.selectors import awaiting_dispatch
 from jobs.services.admission import job_held_back, job_unadmit_if_held, jobs_admit
+from jobs.services.cancel import jobs_stop_overdue
 from jobs.services.common import moved_event, send_now
 from jobs.services.finish import job_finish
 from jobs.services.stall import jobs_hold_for_cluster
@@ -40,13 +41,18 @@ def job_claim(job_id: int) -> Job | None:
     return jobs[0] if jobs else None
 
 
+# The QOS of jobs on borrowed GPUs (Slurm): below every tier's, which preempt it (requeue,
+# after its GraceTime); clusters/backends/slurm/accounts.py sets it up.
+BORROW_QOS = "portal-borrow"
+
+
 def spec_of(job: Job) -> JobSpec:
-    """What the backend is given to submit the job."""
+    """What the backend is given to submit the job (its current attempt)."""
     return JobSpec(
         token=job.token,
         name=job.name,
         account=job.tenant.slug,
-        qos=f"portal-{job.tenant.tier}",
+        qos=BORROW_QOS if job.gpus_borrowed else f"portal-{job.tenant.tier}",
         priority=job.priority,
         partition=job.partition.name,
         gpu_type=job.gpu_model.slurm_gres,
@@ -54,7 +60,7 @@ def spec_of(job: Job) -> JobSpec:
         k8s_product=job.gpu_model.k8s_product,
         gpus_per_node=job.gpus_per_node,
         nodes=job.nodes,
-        walltime_minutes=job.walltime_minutes,
+        walltime_minutes=attempt_minutes(job),
         script=job.script,
         env=dict(job.env),
         cpus_per_gpu=job.cpus_per_gpu,
@@ -66,7 +72,33 @@ def spec_of(job: Job) -> JobSpec:
         mig_profile=job.mig_profile,
         gpu_memory_mib=job.gpu_memory_mib,
         gpu_cores_pct=job.gpu_cores_pct,
+        preemptible=job.preemptible,
+        borrowing=bool(job.gpus_borrowed),
+        grace_s=_grace_s(job),
+        attempt=job.attempt,
+        checkpoint_key=f"job-{job.pk}",
+        restarts=job.max_restarts > 0,
     )
+
+
+def attempt_minutes(job: Job) -> int:
+    """The walltime of the job's current attempt: its own, or on a restart what is left of its
+    reservation (each attempt is charged from it: finish._requeue), at least a minute."""
+    if job.attempt == 1:
+        return job.walltime_minutes
+    per_minute = job.gpus * job.device_fraction / 60
+    return max(1, min(job.walltime_minutes, int(job.reserved_gpu_hours / per_minute)))
+
+
+def _grace_s(job: Job) -> int:
+    """How long before its stop a preemptible job is warned: its cohort's reclaim grace (the
+    largest where its tenant is in several), else the site's default; 0 when not preemptible."""
+    if not job.preemptible:
+        return 0
+    graces = job.tenant.cohort_places.filter(cohort__gpu_model_id=job.gpu_model_id).values_list(
+        "cohort__reclaim_grace_s", flat=True
+    )
+    return max(graces, default=settings.JOB_PREEMPT_GRACE_S)
 
 
 def jobs_dispatch(*, job_id: int, retry: bool = False, batch: int | None = None) -> int:
@@ -156,6 +188,8 @@ def jobs_claim(job_id: int, *, cluster_id: int, limit: int) -> list[Job]:
         if held:  # their un-admission settles grants: lock them in id order first, as admission does
             list(QuotaGrant.objects.select_for_update(no_key=True).filter(pk__in=held).order_by("pk"))
         for job in jobs:
+            if job.state == JobState.QUEUED and not job.holds_gpus:
+                continue  # its GPUs went back since the lease (a reclaim before its submission)
             if job.state == JobState.QUEUED:
                 if job_held_back(job, grant=grants[job.grant_id], today=today) and job_unadmit_if_held(job):
                     continue  # suspended or grant ended since admission: not submitted
@@ -241,7 +275,7 @@ def _save_submitted(backend: Backend, submitted: dict[int, str]) -> None:
         jobs = list(
             Job.objects.select_for_update()
             .filter(pk__in=submitted)
-            .only("pk", "state", "raw_state", "cluster_user")
+            .only("pk", "state", "raw_state", "cluster_user", "attempt")
         )
         pending = [job for job in jobs if job.state == JobState.SUBMITTING]
         cancel = [job for job in jobs if job.state != JobState.SUBMITTING]
@@ -298,6 +332,7 @@ def jobs_sweep() -> int:
     # A cancel whose message was lost: ask again (scancel of an ended job is a no-op).
     for job_id in cancelling.exclude(backend_id="").values_list("pk", flat=True):
         send_now("jobs.tasks.cancel_job", job_id=job_id)
+    jobs_stop_overdue()
     return len(resend)
 
 

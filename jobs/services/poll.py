@@ -67,6 +67,10 @@ def jobs_poll(*, cluster_id: int) -> int:
             gone = JobStatus(
                 backend_id=backend_id, state=JobState.CANCELLED, raw_state="", reason="cancelled"
             )
+        elif job.stop_at is not None:  # warned for its lender, and stopped (Kubernetes forgets it)
+            gone = JobStatus(
+                backend_id=backend_id, state=JobState.PREEMPTED, raw_state="", reason="reclaimed"
+            )
         elif job.submitted_at and job.submitted_at < grace:
             gone = JobStatus(
                 backend_id=backend_id, state=JobState.LOST, raw_state="", reason="unknown to the scheduler"
@@ -79,7 +83,7 @@ def jobs_poll(*, cluster_id: int) -> int:
 
 # What following a job may change in its row, besides the ends that jobs_finish records.
 _FOLLOWED_FIELDS = ["state", "reason", "raw_state", "started_at", "node_list"]
-_FOLLOWED = ["pk", "backend_id", "submitted_at", *_FOLLOWED_FIELDS]
+_FOLLOWED = ["pk", "backend_id", "submitted_at", "attempt", "stop_at", *_FOLLOWED_FIELDS]
 
 
 def _values(job: Job) -> tuple:

@@ -25,7 +25,7 @@ from portal.core.compiled import CompiledQuery
 from portal.core.errors import Conflict, Invalid
 from portal.core.services import audit_record
 from tenants.errors import NoQuota, QuotaExhausted, TenantSuspended
-from tenants.models import QuotaGrant, Tenant, TenantState
+from tenants.models import CohortMember, QuotaGrant, Tenant, TenantState
 from tenants.selectors import job_identity_of
 from tenants.services import grant_reserve
 
@@ -58,6 +58,12 @@ class JobRequest:
     cluster: Cluster | None = None
     partition: str = ""
     share: Share = WHOLE  # what each of `gpus` is: a whole device unless the request says
+    # May run on GPUs its tenant's cohort lends, and be stopped (warned first) when they are
+    # reclaimed; restarted after PREEMPTED, NODE_FAIL or FAILED with one of restart_exit_codes,
+    # up to max_restarts times (None: JOB_PREEMPTIBLE_RESTARTS for a preemptible job, else 0).
+    preemptible: bool = False
+    max_restarts: int | None = None
+    restart_exit_codes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,15 @@ def _check_shape(request: JobRequest, partition: Partition) -> None:
     cap = min(partition.max_walltime_minutes, settings.JOB_MAX_WALLTIME_MINUTES)
     if request.walltime_minutes > cap:
         errors["walltime_minutes"] = f"At most {cap} minutes on {partition}."
+    if request.max_restarts is not None and not 0 <= request.max_restarts <= settings.JOB_MAX_RESTARTS:
+        errors["max_restarts"] = f"From 0 to {settings.JOB_MAX_RESTARTS}."
+    if request.restart_exit_codes and not _max_restarts(request):
+        errors["restart_exit_codes"] = "Restarting on an exit code needs max_restarts of 1 or more."
+    if (
+        any(not 1 <= code <= 255 for code in request.restart_exit_codes)
+        or len(request.restart_exit_codes) > 8
+    ):
+        errors["restart_exit_codes"] = "At most 8 exit codes, each from 1 to 255."
     if request.priority and priority_above_cap(request.priority, request.tenant.tier):
         errors["priority"] = (
             f"A {request.tenant.tier}-tier tenant's jobs go up to {MAX_PRIORITY[request.tenant.tier]}."
@@ -204,7 +219,7 @@ def _reserve_errors(request: JobRequest, hours: Decimal) -> None:
             f"on {request.gpu_model.slug}{share}.",
             extra={"gpu_hours_requested": str(hours)},
         )
-    if not matching.filter(gpus__gte=request.gpus).exists():
+    if not _holding(request).exists():
         largest = max(matching.values_list("gpus", flat=True))
         raise QuotaExhausted(
             f"{request.gpus} GPUs asked; the tenant's grants allow at most {largest} at once.",
@@ -212,10 +227,24 @@ def _reserve_errors(request: JobRequest, hours: Decimal) -> None:
         )
 
 
+def borrowing_reach(request: JobRequest) -> int:
+    """How many GPUs a job may hold beyond its grant's concurrent limit: a preemptible job of
+    whole devices, its tenant's borrowing limit in the model's cohort; else 0."""
+    if not request.preemptible or request.share.kind != ShareKind.WHOLE:
+        return 0
+    limits = CohortMember.objects.filter(tenant=request.tenant, cohort__gpu_model=request.gpu_model)
+    return max(limits.values_list("borrowing_limit", flat=True), default=0)
+
+
+def _holding(request: JobRequest):
+    """The matching grants whose concurrent limit, with what the job may borrow, holds it:
+    others are no match, since the job would wait forever."""
+    return _matching_grants(request).filter(gpus__gte=request.gpus - borrowing_reach(request))
+
+
 def _reserve(request: JobRequest, hours: Decimal) -> QuotaGrant:
-    """Reserve on the matching active grant that ends first and still has the hours. Grants
-    whose concurrent limit is below the job's GPUs are no match: the job would wait forever."""
-    grants = list(_matching_grants(request).filter(gpus__gte=request.gpus).order_by("ends_on", "id"))
+    """Reserve on the matching active grant that ends first and still has the hours."""
+    grants = list(_holding(request).order_by("ends_on", "id"))
     if not grants:
         _reserve_errors(request, hours)
     for grant in grants:
@@ -269,7 +298,7 @@ def job_preview(*, request: JobRequest) -> JobPreview:
     checked = _checked(request)
     partition, script, fraction = checked.partition, checked.script, checked.fraction
     hours = _gpu_hours(request, fraction)
-    grants = _matching_grants(request).filter(gpus__gte=request.gpus)
+    grants = _holding(request)
     left = max((grant.gpu_hours_remaining for grant in grants), default=None)
     if left is None:
         _reserve_errors(request, hours)
@@ -399,6 +428,9 @@ def _job_insert(*, user: AbstractBaseUser, request: JobRequest, idempotency: _Id
         template=request.template,
         parameters=request.parameters,
         reserved_gpu_hours=hours,
+        preemptible=request.preemptible,
+        max_restarts=_max_restarts(request),
+        restart_exit_codes=",".join(str(code) for code in sorted(set(request.restart_exit_codes))),
         idempotency_key=idempotency.key if idempotency else "",
         request_digest=idempotency.digest if idempotency else "",
     )
@@ -413,6 +445,14 @@ def _job_insert(*, user: AbstractBaseUser, request: JobRequest, idempotency: _Id
             "gpu_model": request.gpu_model.slug,
             "share": request.share.label,
             "gpu_hours_reserved": str(hours),
+            "preemptible": job.preemptible,
+            "max_restarts": job.max_restarts,
         },
     )
     return job
+
+
+def _max_restarts(request: JobRequest) -> int:
+    if request.max_restarts is not None:
+        return request.max_restarts
+    return settings.JOB_PREEMPTIBLE_RESTARTS if request.preemptible else 0

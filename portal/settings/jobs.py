@@ -11,6 +11,15 @@ JOB_DISPATCH_TIME_LIMIT_S = 150  # jobs.tasks.dispatch_job's hard limit
 JOB_DISPATCH_LEASE_S = env_int("JOB_DISPATCH_LEASE_S", 180, minimum=JOB_DISPATCH_TIME_LIMIT_S + 1)
 JOB_LOST_GRACE_S = env_int("JOB_LOST_GRACE_S", 300, minimum=30)
 FAIR_SHARE_HALF_LIFE_DAYS = env_int("FAIR_SHARE_HALF_LIFE_DAYS", 7, minimum=1)
+# Preemption and restarts (docs/architecture/lending.md): how long a preemptible job outside any
+# cohort is warned before a stop; a restarted job waits BACKOFF × 2^(restarts so far), at most
+# BACKOFF_MAX; a job asks for at most JOB_MAX_RESTARTS restarts, a preemptible one gets
+# JOB_PREEMPTIBLE_RESTARTS when it names none.
+JOB_PREEMPT_GRACE_S = env_int("JOB_PREEMPT_GRACE_S", 300, minimum=10, maximum=3600)
+JOB_RESTART_BACKOFF_S = env_int("JOB_RESTART_BACKOFF_S", 30, minimum=0, maximum=3600)
+JOB_RESTART_BACKOFF_MAX_S = env_int("JOB_RESTART_BACKOFF_MAX_S", 1800, minimum=0, maximum=86_400)
+JOB_MAX_RESTARTS = env_int("JOB_MAX_RESTARTS", 10, minimum=0, maximum=100)
+JOB_PREEMPTIBLE_RESTARTS = env_int("JOB_PREEMPTIBLE_RESTARTS", 3, minimum=0, maximum=100)
 LOCAL_CLUSTER_GPUS = env_int("LOCAL_CLUSTER_GPUS", 4, minimum=0, maximum=64)
 # The local cluster reads its GPUs' utilization (idle GPUs) with this nvidia-smi.
 LOCAL_NVIDIA_SMI = env_str("LOCAL_NVIDIA_SMI", "nvidia-smi")

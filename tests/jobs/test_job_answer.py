@@ -28,7 +28,7 @@ def jobs(owner, make_job):
     made = [make_job(owner, state=state) for state in JobState.values]
     finished = made[JobState.values.index(JobState.COMPLETED)]
     finished.started_at, finished.finished_at, finished.exit_code = T0, T0 + timedelta(hours=1), 0
-    finished.gpu_hours, finished.reserved_gpu_hours = Decimal("1.00005"), Decimal("0.125")
+    finished.gpu_hours, finished.reserved_gpu_hours = Decimal("1.00005"), Decimal("0.12551")
     finished.backend_id, finished.raw_state, finished.node_list = "4242", "COMPLETED", "gpu[01-02]"
     finished.env, finished.parameters, finished.template = {"A": "1"}, {"steps": 10}, "pytorch"
     finished.save()
