@@ -1,5 +1,7 @@
 """Jobs, their events and logs, templates and usage (docs/api.md, Jobs)."""
 
+from django.db.models import Case, CharField, F, Q, Value, When
+from django.db.models.functions import Cast
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -12,15 +14,16 @@ from rest_framework.views import APIView
 from clusters.selectors import catalog_names
 from clusters.shares import Share
 from jobs import services, stream
-from jobs.filters import JobFilter
+from jobs.filters import JobFilter, LoanFilter, LoanRole
 from jobs.job_templates import TEMPLATES
-from jobs.models import Job
+from jobs.models import Job, Loan
 from jobs.selectors import (
     gpu_samples_of,
     job_answer_row_visible_to,
     job_answer_rows_visible_to,
     job_answers_visible_to,
     jobs_visible_to,
+    lending_of,
     usage_of,
 )
 from jobs.serializers import (
@@ -29,6 +32,9 @@ from jobs.serializers import (
     JobGpuSampleOut,
     JobIn,
     JobOut,
+    LendingIn,
+    LendingOut,
+    LoanOut,
     LogIn,
     LogOut,
     TemplateOut,
@@ -41,8 +47,10 @@ from portal.core.conditional import ConditionalGet
 from portal.core.parsing import parsed
 from portal.core.renderers import JSONRenderer
 from portal.core.serializers import ID_LOOKUP
+from portal.core.staff import sees_all_tenants
 from tenants import roles
 from tenants.permissions import require
+from tenants.viewsets import ReadByMembers
 
 
 class JobViewSet(ConditionalGet, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -94,9 +102,10 @@ class JobViewSet(ConditionalGet, mixins.ListModelMixin, mixins.RetrieveModelMixi
         share = Share(
             data.pop("share"), data.pop("mig_profile"), data.pop("gpu_memory_mib"), data.pop("gpu_cores_pct")
         )
+        codes = tuple(data.pop("restart_exit_codes"))
         job, created = services.job_submit(
             user=request.user,
-            request=services.JobRequest(**data, share=share),
+            request=services.JobRequest(**data, share=share, restart_exit_codes=codes),
             idempotency_key=request.headers.get("Idempotency-Key", ""),
             body=request.data,
         )
@@ -229,3 +238,52 @@ class JobLogStream(_StreamView):
         if job is None:
             raise NotFound
         return stream.job_log_stream(request, job)
+
+
+# --- A tenant's lending (docs/api.md, Lending between tenants)
+
+
+class TenantLendingViewSet(ReadByMembers):
+    """What the tenant lends and borrows in its cohorts, now and by day. Every member of the tenant
+    reads it; no other tenant is named."""
+
+    serializer_class = LendingOut
+
+    @extend_schema(parameters=[LendingIn], responses=LendingOut)
+    def retrieve(self, request, tenant_slug=None):
+        tenant = self.tenant()  # 404 before the query is read
+        query = LendingIn(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        return Response(lending_of(tenant=tenant, days=query.validated_data["days"]))
+
+
+class TenantLoanViewSet(mixins.ListModelMixin, ReadByMembers):
+    """The tenant's loans, lent and borrowed, newest first. The other tenant of a loan is named
+    (`counterpart`) to staff who see every tenant only, and the borrowing job only to its own
+    tenant: a lender learns how many GPUs went, and when, not to whom."""
+
+    serializer_class = LoanOut
+    queryset = Loan.objects.none()
+    filterset_class = LoanFilter
+
+    def get_queryset(self):
+        tenant = self.tenant()  # 404 before a filter is read
+        lent = Q(lender_id=tenant.pk)
+        user = self.request.user
+        if user.is_staff and sees_all_tenants(user):
+            counterpart = Case(When(lent, then=F("borrower__slug")), default=F("lender__slug"))
+        else:
+            counterpart = Value(None, output_field=CharField())
+        return (
+            Loan.objects.filter(lent | Q(borrower_id=tenant.pk))
+            .select_related("cohort")
+            .only("id", "gpus", "started_at", "ended_at", "reclaimed", "job_id", "cohort__slug")
+            .annotate(
+                role=Case(When(lent, then=Value(LoanRole.LENT)), default=Value(LoanRole.BORROWED)),
+                job_shown=Case(
+                    When(lent, then=Value(None, output_field=CharField())),
+                    default=Cast("job_id", CharField()),
+                ),
+                counterpart=counterpart,
+            )
+        )

@@ -2,9 +2,11 @@ from datetime import UTC, datetime
 from functools import cache
 
 import django_filters
+from django.db import models
 from django.http import QueryDict
 
-from jobs.models import Job, JobState
+from jobs.models import Job, JobState, Loan
+from tenants.filters import StrictBooleanFilter
 
 
 class UtcDateTimeFilter(django_filters.IsoDateTimeFilter):
@@ -69,3 +71,23 @@ class JobFilter(SharedFilters):
 
 
 JobFilter._share()
+
+
+class LoanRole(models.TextChoices):
+    """A loan as its tenant sees it: GPUs it lent, or GPUs its job borrowed."""
+
+    LENT = "lent", "lent"
+    BORROWED = "borrowed", "borrowed"
+
+
+class LoanFilter(django_filters.FilterSet):
+    """Filters of a tenant's loans; `role` is the list's own annotation (TenantLoanViewSet)."""
+
+    role = django_filters.ChoiceFilter(choices=LoanRole.choices, help_text="As the tenant of the path.")
+    open = StrictBooleanFilter(
+        field_name="ended_at", lookup_expr="isnull", help_text="true: loans not ended; false: ended ones."
+    )
+
+    class Meta:
+        model = Loan
+        fields = ["role", "open"]

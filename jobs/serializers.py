@@ -15,10 +15,11 @@ from rest_framework import serializers
 from clusters.models import Cluster, GpuModel, Scenario
 from clusters.selectors import CatalogNames, catalog_names
 from clusters.shares import ShareKind
-from jobs.models import Job, JobEvent, JobGpuSample, Priority, job_name_validator
-from jobs.selectors import API_JOB_DETAIL_FIELDS, JOB_ANSWER
+from jobs.filters import LoanRole
+from jobs.models import Job, JobEvent, JobGpuSample, Loan, Priority, job_name_validator
+from jobs.selectors import API_JOB_DETAIL_FIELDS, JOB_ANSWER, LENDING_DAYS_MAX
 from jobs.services.submit import MAX_ENV
-from portal.core.serializers import NO_NUL, SlugRef, StrictCharField, StrictIntegerField
+from portal.core.serializers import NO_NUL, SlugRef, StrictBooleanField, StrictCharField, StrictIntegerField
 from tenants.serializers import VisibleTenantField
 
 MAX_GPUS = 4096
@@ -77,6 +78,29 @@ class JobIn(serializers.Serializer):
         max_value=100,
         help_text="share=slice: the compute percentage.",
     )
+    preemptible = StrictBooleanField(
+        required=False,
+        default=False,
+        help_text="May run on GPUs that other tenants of its tenant's cohort lend, beyond its own grant; "
+        "such a job is warned (Slurm USR1, Kubernetes SIGTERM) and stopped when they are reclaimed, "
+        "and resumes from its checkpoint as its next attempt.",
+    )
+    max_restarts = StrictIntegerField(
+        required=False,
+        default=None,
+        allow_null=True,
+        min_value=0,
+        max_value=settings.JOB_MAX_RESTARTS,
+        help_text="Restarts after PREEMPTED or NODE_FAIL (or FAILED with restart_exit_codes). "
+        "Default: 3 for a preemptible job, else 0.",
+    )
+    restart_exit_codes = serializers.ListField(
+        child=StrictIntegerField(min_value=1, max_value=255),
+        required=False,
+        default=list,
+        max_length=8,
+        help_text="Exit codes of a FAILED attempt that restart it (needs max_restarts ≥ 1).",
+    )
     walltime_minutes = StrictIntegerField(min_value=1)  # at most the site's cap: get_fields()
     name = StrictCharField(max_length=64, validators=[job_name_validator])
     priority = serializers.ChoiceField(
@@ -102,6 +126,18 @@ class JobIn(serializers.Serializer):
             min_value=1, max_value=settings.JOB_MAX_WALLTIME_MINUTES
         )
         return fields
+
+
+@extend_schema_field({"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 255}})
+class ExitCodesField(serializers.Field):
+    """Job.restart_exit_codes ("1,42") as a list of integers."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("read_only", True)
+        super().__init__(**kwargs)
+
+    def to_representation(self, value: str) -> list[int]:
+        return [int(code) for code in value.split(",") if code]
 
 
 class CatalogNameField(serializers.CharField):
@@ -155,6 +191,23 @@ class JobOut(serializers.ModelSerializer):
         decimal_places=4,
         coerce_to_string=False,
         help_text="What each of `gpus` counts of a device: GPU-hours are gpus × device_fraction × hours.",
+    )
+    restart_exit_codes = ExitCodesField()
+    attempt = serializers.IntegerField(help_text="Its current attempt, from 1: each restart is the next.")
+    gpus_borrowed = serializers.IntegerField(
+        help_text="How many of its GPUs its current attempt took on loan from other tenants of its cohort."
+    )
+    gpu_hours_lost = serializers.DecimalField(
+        max_digits=12,
+        decimal_places=4,
+        coerce_to_string=False,
+        help_text="GPU-hours its stopped attempts ran past their last checkpoint: lost, not charged.",
+    )
+    stop_at = serializers.DateTimeField(
+        allow_null=True, help_text="Set once it was warned (reclaimed by its lender): when it is stopped."
+    )
+    restart_after = serializers.DateTimeField(
+        allow_null=True, help_text="A restarted job waits for admission until then (backoff)."
     )
 
     class Meta:
@@ -364,3 +417,96 @@ class UsageRowOut(serializers.Serializer):
 
 class UsageOut(serializers.Serializer):
     results = UsageRowOut(many=True)
+
+
+# --- Lending between the tenants of a cohort (jobs.selectors.lending_of, TenantLoanViewSet)
+
+
+class LendingIn(serializers.Serializer):
+    days = serializers.IntegerField(
+        min_value=1,
+        max_value=LENDING_DAYS_MAX,
+        default=30,
+        help_text=f"The days the series and the totals cover, up to now: 1 to {LENDING_DAYS_MAX}.",
+    )
+
+
+class LendingPartitionOut(serializers.Serializer):
+    """A cohort's partition as the cohorts API names it (its cluster's slug, its name there)."""
+
+    cluster = serializers.CharField()
+    name = serializers.CharField()
+
+
+class LendingCohortOut(serializers.Serializer):
+    cohort = serializers.CharField()
+    gpu_model = serializers.CharField()
+    partition = LendingPartitionOut(allow_null=True, help_text="null: every partition of the GPU model.")
+    reclaim_grace_s = serializers.IntegerField()
+    lending_limit = serializers.IntegerField()
+    borrowing_limit = serializers.IntegerField()
+    lent_gpus = serializers.IntegerField(help_text="GPUs of the tenant's lent to others now.")
+    borrowed_gpus = serializers.IntegerField(help_text="GPUs the tenant's jobs hold on loan now.")
+
+
+class LendingDayOut(serializers.Serializer):
+    date = serializers.DateField(help_text="A UTC day; the first and the last are partial.")
+    lent_gpu_hours = serializers.FloatField()
+    borrowed_gpu_hours = serializers.FloatField()
+    reclaimed = serializers.IntegerField(help_text="Loans of the tenant's, either way, reclaimed that day.")
+
+
+class LendingOut(serializers.Serializer):
+    tenant = serializers.CharField()
+    cohorts = LendingCohortOut(many=True)
+    lent_gpus = serializers.IntegerField()
+    borrowed_gpus = serializers.IntegerField()
+    days = serializers.IntegerField()
+    lent_gpu_hours = serializers.FloatField()
+    borrowed_gpu_hours = serializers.FloatField()
+    reclaimed_from_borrowers = serializers.IntegerField(
+        help_text="Loans of its GPUs it took back from borrowed jobs within the days."
+    )
+    reclaimed_from_us = serializers.IntegerField(
+        help_text="Loans its own borrowed jobs lost to their lenders within the days."
+    )
+    daily = LendingDayOut(many=True, help_text="One row per UTC day, oldest first: days + 1 rows.")
+
+
+# Not an enum in the schema: an enum of a field named `role` would take the name RoleEnum from the
+# tenant roles' (drf-spectacular names enums by field), which clients already use.
+@extend_schema_field({"type": "string", "pattern": "^(lent|borrowed)$"})
+class LoanRoleField(serializers.ChoiceField):
+    pass
+
+
+class LoanOut(serializers.ModelSerializer):
+    """A loan as one of its two tenants sees it; the other tenant is named to staff only."""
+
+    id = serializers.CharField(read_only=True)
+    cohort = serializers.CharField(source="cohort.slug", allow_null=True)  # null: the cohort was deleted
+    role = LoanRoleField(
+        choices=LoanRole.choices, help_text="`lent` or `borrowed`, as the tenant of the path."
+    )
+    gpu_hours = serializers.DecimalField(
+        max_digits=14,
+        decimal_places=4,
+        coerce_to_string=False,
+        help_text="GPUs × hours lent: until now while the loan is open.",
+    )
+    job = serializers.CharField(
+        source="job_shown",
+        allow_null=True,
+        help_text="The borrowing job (the tenant's own) when role is borrowed; null when lent.",
+    )
+    counterpart = serializers.CharField(
+        allow_null=True, help_text="The other tenant's slug, for staff who see every tenant; else null."
+    )
+
+    class Meta:
+        model = Loan
+        fields = [
+            "id", "cohort", "role", "gpus", "started_at", "ended_at", "reclaimed", "gpu_hours", "job",
+            "counterpart",
+        ]  # fmt: skip
+        read_only_fields = fields  # so that the schema says each is always there

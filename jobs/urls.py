@@ -1,18 +1,23 @@
-"""API routes of jobs, templates and usage."""
+"""API routes of jobs, templates, usage and a tenant's lending."""
 
 from django.urls import path, re_path
 from rest_framework.routers import SimpleRouter
 
 from jobs import api
-from portal.core.serializers import ID_LOOKUP
+from portal.core.serializers import ID_LOOKUP, SLUG_LOOKUP
 
 router = SimpleRouter()
 router.register("jobs", api.JobViewSet, basename="job")
+lending = api.TenantLendingViewSet.as_view({"get": "retrieve"})
+loans = api.TenantLoanViewSet.as_view({"get": "list"})
+TENANT = rf"^tenants/(?P<tenant_slug>{SLUG_LOOKUP})/"
 
 api_urlpatterns = [
     path("templates/", api.TemplateList.as_view(), name="templates"),
     path("usage/", api.Usage.as_view(), name="usage"),
     path("events/stream/", api.EventStream.as_view(), name="event-stream"),
     re_path(rf"^jobs/(?P<pk>{ID_LOOKUP})/log/stream/$", api.JobLogStream.as_view(), name="job-log-stream"),
+    re_path(TENANT + r"lending/$", lending, name="tenant-lending"),
+    re_path(TENANT + r"loans/$", loans, name="tenant-loans"),
     *router.urls,
 ]

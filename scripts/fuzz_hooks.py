@@ -165,6 +165,8 @@ def job(case, body: dict) -> None:
         body["priority"] = cap
     body.pop("template", None)
     body.pop("parameters", None)
+    if body.get("restart_exit_codes") and not body.get("max_restarts", 3 if body.get("preemptible") else 0):
+        body["max_restarts"] = 1  # exit codes restart only a job that may restart
     whole_devices(body)
 
 
@@ -275,6 +277,46 @@ def webhook(case, body: dict) -> None:
         body["url"] = WEBHOOK_URL
 
 
+# A cohort the fuzzer creates has this prefix and a serial, as its tenants do.
+FUZZ_COHORT_PREFIX = "fuzz-pool-"
+
+
+def cohort(case, body: dict) -> None:
+    """A fresh slug each time, an existing GPU model, and a partition of that model or none."""
+    stem = _OURS.sub("", body["slug"])[:30].strip("-") or "c"
+    body["slug"] = f"{FUZZ_COHORT_PREFIX}{os.getpid()}x{next(_serial)}-{stem}"
+    placements = refs()["placements"]
+    if not placements:
+        return
+    _scenario, body["gpu_model"], _cluster, _partition = pick(placements, body.get("gpu_model"))
+    _cohort_partition(body, body["gpu_model"])
+
+
+def cohort_change(case, body: dict) -> None:
+    """A partition of the cohort's own GPU model, or none; left as it is where the cohort has
+    members, whose other cohorts a new partition could overlap (409, a right answer too)."""
+    if "partition" not in body:
+        return
+    try:
+        current = _get(f"/cohorts/{case.path_parameters['slug']}/")
+    except urllib.error.HTTPError:
+        return  # not the caller's to see: 404 before the body is read
+    if current["members"]:
+        body.pop("partition")
+    else:
+        _cohort_partition(body, current["gpu_model"])
+
+
+def _cohort_partition(body: dict, gpu_model: str) -> None:
+    partitions = [
+        {"cluster": cluster, "name": partition["name"]}
+        for _scenario, model, cluster, partition in refs()["placements"]
+        if model == gpu_model
+    ]
+    if body.get("partition") is not None:
+        body["partition"] = pick(partitions, body["partition"]) if partitions else None
+
+
 def usage(case) -> None:
     """`from` no later than `to`, at most 366 days apart (`to` defaults to today; an empty
     parameter is an absent one)."""
@@ -300,6 +342,8 @@ BODIES = {
     "POST /api/v1/group-mappings/": group_mapping,
     "POST /api/v1/tenants/{tenant_slug}/webhooks/": webhook,
     "PATCH /api/v1/tenants/{tenant_slug}/webhooks/{id}/": webhook,
+    "POST /api/v1/cohorts/": cohort,
+    "PATCH /api/v1/cohorts/{slug}/": cohort_change,
 }
 
 

@@ -11,12 +11,14 @@ from rest_framework.views import APIView
 
 from portal.core.conditional import ConditionalGet
 from portal.core.models import AuditEvent
+from portal.core.pagination import CursorPage
 from portal.core.parsing import parsed
 from portal.core.serializers import ID_LOOKUP, SLUG_LOOKUP, SLUG_PATTERN, USERNAME_PATTERN, is_username
 from portal.core.staff import is_platform_admin, staff_roles_of
-from tenants import roles, services
+from tenants import cohorts, roles, services
+from tenants.cohorts import cohorts_visible_to
 from tenants.filters import AuditFilter, QuotaFilter, QuotaRequestFilter
-from tenants.models import Membership, QuotaGrant, QuotaRequest, Role, Tenant
+from tenants.models import Cohort, CohortMember, Membership, QuotaGrant, QuotaRequest, Role, Tenant
 from tenants.permissions import member_candidate, require, require_platform_admin, require_quota_decider
 from tenants.selectors import (
     audit_visible_to,
@@ -29,6 +31,11 @@ from tenants.selectors import (
 from tenants.serializers import (
     ApprovalIn,
     AuditOut,
+    CohortIn,
+    CohortMemberIn,
+    CohortMemberOut,
+    CohortOut,
+    CohortPatch,
     DecisionIn,
     MemberIn,
     MemberOut,
@@ -227,3 +234,87 @@ class AuditViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
 
     def get_queryset(self):
         return audit_visible_to(user=self.request.user)
+
+
+# --- Cohorts (docs/api.md, Lending between tenants)
+
+
+class CohortPage(CursorPage):
+    ordering = "slug"
+    position_pattern = SLUG_LOOKUP
+
+
+class CohortViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Cohorts of tenants that lend each other idle GPUs. Platform admins write; staff who see
+    every tenant read them all; anyone else reads the cohorts of their tenants, with only their
+    own tenants' member rows."""
+
+    serializer_class = CohortOut
+    queryset = Cohort.objects.none()
+    pagination_class = CohortPage
+    lookup_field = "slug"
+    lookup_value_regex = SLUG_LOOKUP
+
+    def get_queryset(self):
+        return cohorts_visible_to(user=self.request.user)
+
+    @extend_schema(request=CohortIn, responses={201: CohortOut})
+    def create(self, request):
+        require_platform_admin(request.user)
+        data = parsed(CohortIn, request)
+        cohort = cohorts.cohort_create(actor=request.user, **data)
+        return Response(CohortOut(self.get_queryset().get(pk=cohort.pk)).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=CohortPatch, responses=CohortOut)
+    def partial_update(self, request, slug=None):
+        cohort = self.get_object()  # 404 for a cohort the caller cannot see, then 403, then the body
+        require_platform_admin(request.user)
+        changes = parsed(CohortPatch, request)
+        cohort = cohorts.cohort_update(actor=request.user, cohort=cohort, changes=changes)
+        return Response(CohortOut(self.get_queryset().get(pk=cohort.pk)).data)
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request, slug=None):
+        cohort = self.get_object()
+        require_platform_admin(request.user)
+        cohorts.cohort_delete(actor=request.user, cohort=cohort)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class CohortMemberViewSet(viewsets.GenericViewSet):
+    """A tenant's place in a cohort, set and removed by platform admins."""
+
+    serializer_class = CohortMemberOut
+    queryset = CohortMember.objects.none()
+    lookup_field = "tenant__slug"
+    lookup_url_kwarg = "tenant_slug"
+
+    def get_queryset(self):
+        # The caller's right to the cohort is cohort()'s, asked first by each action.
+        return CohortMember.objects.filter(cohort__slug=self.kwargs["slug"]).select_related(
+            "cohort", "tenant"
+        )
+
+    def cohort(self) -> Cohort:
+        # 404 for a cohort the caller cannot see, then 403 for anyone but a platform admin, before
+        # the tenant or the body is read.
+        cohort = get_object_or_404(cohorts_visible_to(user=self.request.user), slug=self.kwargs["slug"])
+        require_platform_admin(self.request.user)
+        return cohort
+
+    @extend_schema(request=CohortMemberIn, responses={200: CohortMemberOut, 201: CohortMemberOut})
+    def update(self, request, slug=None, tenant_slug=None):
+        """Make the tenant a member with these limits (201), or change its limits (200)."""
+        cohort = self.cohort()
+        tenant = get_object_or_404(Tenant, slug=tenant_slug)
+        data = parsed(CohortMemberIn, request)
+        member, created = cohorts.cohort_member_set(actor=request.user, cohort=cohort, tenant=tenant, **data)
+        return Response(
+            CohortMemberOut(member).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        )
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request, slug=None, tenant_slug=None):
+        self.cohort()
+        cohorts.cohort_member_remove(actor=request.user, member=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)

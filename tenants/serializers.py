@@ -4,7 +4,7 @@ from django.contrib.auth import get_user_model
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from clusters.models import GpuModel, Scenario
+from clusters.models import GpuModel, Partition, Scenario
 from clusters.shares import ShareKind
 from portal.core.models import AuditEvent
 from portal.core.serializers import (
@@ -20,7 +20,17 @@ from portal.core.serializers import (
     object_by_slug,
 )
 from portal.core.validators import reserved_slug_validator, slug_validator
-from tenants.models import Membership, QuotaGrant, QuotaRequest, Role, Tenant, TenantState, Tier
+from tenants.models import (
+    Cohort,
+    CohortMember,
+    Membership,
+    QuotaGrant,
+    QuotaRequest,
+    Role,
+    Tenant,
+    TenantState,
+    Tier,
+)
 from tenants.selectors import tenant_id_list_visible_to, tenants_visible_to
 
 MAX_GPUS = 100_000
@@ -210,3 +220,96 @@ class AuditOut(serializers.ModelSerializer):
     class Meta:
         model = AuditEvent
         fields = ["at", "actor", "tenant", "action", "target_type", "target_id", "data"]
+
+
+# --- Cohorts (tenants/cohorts.py)
+
+MAX_LENDING_GPUS = 4096
+
+
+class CohortPartitionOut(serializers.Serializer):
+    """A partition as the catalog names it: its cluster's slug and its name there."""
+
+    cluster = serializers.CharField(source="cluster.slug")
+    name = serializers.CharField()
+
+
+class CohortMemberOut(serializers.ModelSerializer):
+    tenant = serializers.CharField(source="tenant.slug")
+
+    class Meta:
+        model = CohortMember
+        fields = ["tenant", "lending_limit", "borrowing_limit", "joined"]
+        read_only_fields = fields  # so that the schema says each is always there
+
+
+class CohortOut(serializers.ModelSerializer):
+    gpu_model = serializers.CharField(source="gpu_model.slug")
+    partition = CohortPartitionOut(allow_null=True, help_text="null: every partition of the GPU model.")
+    members = CohortMemberOut(
+        many=True,
+        help_text="Every member for staff who see every tenant; for anyone else only their own tenants.",
+    )
+
+    class Meta:
+        model = Cohort
+        fields = ["slug", "name", "gpu_model", "partition", "reclaim_grace_s", "members", "created"]
+        read_only_fields = fields
+
+
+@extend_schema_field({"type": "string", "pattern": SLUG_PATTERN, "maxLength": 63})
+class CohortSlugField(StrictCharField):
+    pass
+
+
+class CohortPartitionIn(serializers.Serializer):
+    cluster = CohortSlugField(max_length=63, validators=[slug_validator])
+    name = StrictCharField(max_length=64)
+
+
+class _CohortPartition:
+    # `partition`: {cluster, name} of an existing partition, or null for every partition.
+
+    def validate_partition(self, value):
+        if value is None:
+            return None
+        partition = (
+            Partition.objects.select_related("cluster")
+            .filter(cluster__slug=value["cluster"], name=value["name"])
+            .first()
+        )
+        if partition is None:
+            raise serializers.ValidationError("No such partition.")
+        return partition
+
+
+class CohortIn(_CohortPartition, serializers.Serializer):
+    slug = CohortSlugField(max_length=63, validators=[slug_validator])
+    name = StrictCharField(max_length=200, required=False, default="", allow_blank=True)
+    gpu_model = SlugRef(queryset=GpuModel.objects.all())
+    partition = CohortPartitionIn(
+        required=False, default=None, allow_null=True, help_text="Absent or null: every partition."
+    )
+    reclaim_grace_s = StrictIntegerField(
+        min_value=10,
+        max_value=3600,
+        default=300,
+        help_text="Seconds a borrowed job has to save a checkpoint once its lender reclaims its GPUs.",
+    )
+
+
+class CohortPatch(_CohortPartition, serializers.Serializer):
+    name = StrictCharField(max_length=200, required=False, allow_blank=True)
+    partition = CohortPartitionIn(required=False, allow_null=True)
+    reclaim_grace_s = StrictIntegerField(min_value=10, max_value=3600, required=False)
+
+
+class CohortMemberIn(serializers.Serializer):
+    lending_limit = StrictIntegerField(
+        min_value=0,
+        max_value=MAX_LENDING_GPUS,
+        help_text="The most of its granted GPUs of the cohort's model it lends to the others at once.",
+    )
+    borrowing_limit = StrictIntegerField(
+        min_value=0, max_value=MAX_LENDING_GPUS, help_text="The most GPUs it borrows from the others at once."
+    )

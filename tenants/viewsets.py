@@ -1,7 +1,7 @@
-"""The base of the API's views of a tenant's own objects at /tenants/{tenant_slug}/…/ that its
+"""The bases of the API's views of a tenant's own objects at /tenants/{tenant_slug}/…/: those its
 owners and managers keep (alert channels, webhooks): the tenant is looked up once per request,
 404 for one the caller cannot see and 403 for a role without MANAGE_MEMBERS, before a body or an
-object id is read."""
+object id is read; and what every member reads (ReadByMembers: lending, loans)."""
 
 from django.shortcuts import get_object_or_404
 from rest_framework import viewsets
@@ -27,3 +27,16 @@ class KeptByManagers(viewsets.GenericViewSet):
     def one(self, pk: str):
         """The tenant's object with this id (get_queryset's), or 404."""
         return get_object_or_404(self.get_queryset(), pk=int(pk))
+
+
+class ReadByMembers(viewsets.GenericViewSet):
+    """The base of the API's views of what every member of a tenant reads at
+    /tenants/{tenant_slug}/…/ (its lending and loans): the tenant is looked up once per request,
+    404 for one the caller cannot see, before a query parameter is read. Any role of the tenant
+    reads, and so do staff who see every tenant."""
+
+    def tenant(self) -> Tenant:
+        if not hasattr(self, "_tenant"):
+            user = self.request.user
+            self._tenant = get_object_or_404(tenants_visible_to(user=user), slug=self.kwargs["tenant_slug"])
+        return self._tenant

@@ -6,8 +6,8 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from clusters.models import Cluster, ClusterKind, Partition
-from jobs.models import Job
-from tenants.models import Membership, QuotaGrant, QuotaRequest, Role, Tenant
+from jobs.models import Job, Loan
+from tenants.models import Cohort, CohortMember, Membership, QuotaGrant, QuotaRequest, Role, Tenant
 
 PASSWORD = "correct horse battery staple"
 
@@ -187,3 +187,53 @@ def catalog_pair(scenario_slug: str = "ai-training", gpu_slug: str = "h100-80gb"
         top = ScenarioGpu.objects.filter(scenario=scenario).aggregate(top=Max("rank"))["top"] or 0
         ScenarioGpu.objects.create(scenario=scenario, gpu_model=gpu_model, rank=top + 1, reason="test")
     return scenario, gpu_model
+
+
+def staff_user(username: str, *roles: str):
+    """A staff account in the documented role groups named (portal.core.staff: "Read-only
+    support", "Quota approver", "Platform admin"); none: staff without a role."""
+    from django.contrib.auth.models import Group
+
+    user = UserFactory(username=username, is_staff=True)
+    user.groups.set(Group.objects.filter(name__in=roles))
+    return user
+
+
+class CohortFactory(factory.django.DjangoModelFactory):
+    """A cohort of the catalog's H100-80GB on every partition, without members."""
+
+    class Meta:
+        model = Cohort
+
+    slug = factory.Sequence(lambda n: f"cohort-{n}")
+    name = factory.LazyAttribute(lambda c: c.slug.title())
+    gpu_model = factory.LazyFunction(lambda: catalog_pair()[1])
+    partition = None
+
+
+class CohortMemberFactory(factory.django.DjangoModelFactory):
+    """A tenant's place in a cohort, lending and borrowing up to 4 GPUs."""
+
+    class Meta:
+        model = CohortMember
+
+    cohort = factory.SubFactory(CohortFactory)
+    tenant = factory.SubFactory(TenantFactory)
+    lending_limit = 4
+    borrowing_limit = 4
+
+
+class LoanFactory(factory.django.DjangoModelFactory):
+    """An open loan of 1 GPU of `lender_grant` to `job` (of another tenant) in `cohort`, started an
+    hour ago; written straight into the database (no grant's ledger moves)."""
+
+    class Meta:
+        model = Loan
+
+    cohort = factory.SubFactory(CohortFactory)
+    job = factory.SubFactory(JobFactory)
+    borrower = factory.LazyAttribute(lambda loan: loan.job.tenant)
+    lender_grant = factory.SubFactory(QuotaGrantFactory)
+    lender = factory.LazyAttribute(lambda loan: loan.lender_grant.tenant)
+    gpus = 1
+    started_at = factory.LazyFunction(lambda: timezone.now() - timedelta(hours=1))
