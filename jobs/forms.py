@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 
 from django import forms
+from django.conf import settings
 from django.http import QueryDict
 from django.utils.translation import gettext_lazy as _
 
@@ -261,11 +262,29 @@ class JobSubmitForm(forms.Form):
         label=_("Environment (NAME=value, one per line)"), required=False, strip=False,
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
     )  # fmt: skip
+    # Preemption and restarts (docs/architecture/lending.md): the form reads the exit codes as
+    # numbers; job_submit says which numbers, and how many, a job may name.
+    preemptible = forms.BooleanField(label=_("Preemptible"), required=False)
+    max_restarts = forms.IntegerField(label=_("Times to restart"), required=False, min_value=0)
+    restart_exit_codes = forms.CharField(
+        label=_("Restart on exit codes"), required=False, max_length=64,
+        widget=forms.TextInput(attrs={"spellcheck": "false"}),
+    )  # fmt: skip
 
     def __init__(self, *args, grants=(), partitions=(), templates=(), **kwargs):
         """`grants`: the tenant's active grants for the scenario (their GPU models loaded);
         `partitions`: the enabled partitions (their cluster and the model's slug loaded)."""
         super().__init__(*args, **kwargs)
+        # The bound is the site's setting, read per form; blank: the service's default.
+        self.fields["max_restarts"] = forms.IntegerField(
+            label=self.fields["max_restarts"].label,
+            required=False,
+            min_value=0,
+            max_value=settings.JOB_MAX_RESTARTS,
+        )
+        self.fields["restart_exit_codes"].widget.attrs["placeholder"] = _("e.g. %(example)s") % {
+            "example": "1,42"
+        }
         grants = list(grants)
         by_slug = {g.gpu_model.slug: g.gpu_model for g in sorted(grants, key=lambda g: g.gpu_model.slug)}
         self.gpu_models = list(by_slug.values())
@@ -403,6 +422,15 @@ class JobSubmitForm(forms.Form):
                 )
             env[name.strip()] = value
         return env
+
+    def clean_restart_exit_codes(self) -> tuple[int, ...]:
+        text = self.cleaned_data["restart_exit_codes"]
+        if not text.strip():
+            return ()
+        codes = [code.strip() for code in text.split(",")]
+        if not all(code.isascii() and code.isdigit() for code in codes):
+            raise forms.ValidationError(_("Whole numbers separated by commas, e.g. 1,42."))
+        return tuple(int(code) for code in codes)
 
     def clean(self):
         data = super().clean()

@@ -36,6 +36,7 @@ from jobs.selectors import (
     job_events_of,
     job_is_own_or_managed,
     jobs_visible_to,
+    lending_panel_of,
     usage_of,
 )
 from jobs.states import END_STATES
@@ -224,6 +225,8 @@ def dashboard(request: HttpRequest, slug: str) -> HttpResponse:
         "active_query": query.urlencode(),
         "efficiency_rows": _efficiency_rows(list(active.filter(state=JobState.RUNNING)[:DASHBOARD_JOBS])),
         "gpu_keep_days": settings.GPU_SAMPLE_KEEP_DAYS,
+        # None for a tenant in no cohort: the panel is left out
+        "lending": lending_panel_of(tenant=tenant, days=USAGE_DAYS),
     }
     return render(request, "jobs/dashboard.html", context)
 
@@ -315,6 +318,26 @@ def _live_context(request: HttpRequest, job: Job) -> dict:
         # Running jobs have no charge yet: device-equivalent GPUs × time so far, an estimate.
         "gpu_hours_so_far": round(float(job.device_gpus) * elapsed.total_seconds() / 3600, 2)
         if elapsed and not ended
+        else None,
+    } | _attempts_context(job, ended=ended)
+
+
+def _attempts_context(job: Job, *, ended: bool) -> dict:
+    """A restarted job's attempts: the ended ones as JobAttempt rows (one query, none for a job
+    on its first attempt), and the current one, which has no row until it ends, from the job."""
+    attempts = list(job.attempts.all()) if job.attempt > 1 else []
+    current = None
+    if job.attempt > 1 and not ended and all(a.number != job.attempt for a in attempts):
+        current = {"number": job.attempt, "node_list": job.node_list, "started_at": job.started_at}
+    now = timezone.now()
+    return {
+        "attempts": attempts,
+        "current_attempt": current,
+        "attempts_allowed": job.max_restarts + 1,
+        # warned for its lender: the stop is still ahead while the job runs
+        "stops_at": job.stop_at if job.stop_at and not ended else None,
+        "backoff_until": job.restart_after
+        if job.restart_after and job.state == JobState.QUEUED and job.restart_after > now
         else None,
     }
 
@@ -447,7 +470,8 @@ def _submit_form(request: HttpRequest, tenant: Tenant, *, refresh: bool = False)
     if request.method == "POST" and scenario is None:
         form.add_error(None, _("Choose a scenario."))
     context = {"form": form, "data": data, "scenarios": scenarios, "scenario": scenario}
-    return parts | context | {"shard_warning": SHARD_WARNING}
+    restarts = {"most": settings.JOB_MAX_RESTARTS, "preemptible": settings.JOB_PREEMPTIBLE_RESTARTS}
+    return parts | context | {"shard_warning": SHARD_WARNING, "restarts": restarts}
 
 
 def _job_request(tenant: Tenant, scenario, form: JobSubmitForm) -> services.JobRequest:
@@ -547,4 +571,7 @@ SUBMIT_FIELDS = (
     "template",
     "parameters",
     "partition",
+    "preemptible",
+    "max_restarts",
+    "restart_exit_codes",
 )

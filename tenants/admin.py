@@ -6,7 +6,7 @@ from collections.abc import Callable
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import Sum
+from django.db.models import Count, Sum
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
@@ -15,10 +15,12 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
 from portal.core.errors import PortalError
-from portal.core.staff import can_decide_quota, is_platform_admin
-from tenants import services
+from portal.core.staff import can_decide_quota, is_platform_admin, sees_all_tenants
+from tenants import cohorts, services
 from tenants.models import (
     ClusterAccount,
+    Cohort,
+    CohortMember,
     Membership,
     Profile,
     QuotaGrant,
@@ -318,3 +320,137 @@ class QuotaGrantAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+# --- Cohorts: tenants that lend each other idle GPUs (docs/architecture/lending.md). The staff
+# roles' groups name no cohort permission, so the powers decide here: platform admins change
+# cohorts and their members, and whoever reads every tenant (read-only support, quota
+# approvers) reads them. Every write goes through tenants.cohorts, audited as the API's are.
+
+
+class PlatformAdminChanges:
+    """Add, change and delete for platform admins; view for those who read every tenant."""
+
+    def has_view_permission(self, request, obj=None):
+        return sees_all_tenants(request.user) or super().has_view_permission(request, obj)
+
+    def has_add_permission(self, request, *args):
+        return is_platform_admin(request.user)
+
+    def has_change_permission(self, request, obj=None):
+        return is_platform_admin(request.user)
+
+    def has_delete_permission(self, request, obj=None):
+        return is_platform_admin(request.user)
+
+
+class CohortMemberFormSet(forms.BaseInlineFormSet):
+    def add_fields(self, form, index):
+        super().add_fields(form, index)
+        if form.instance.pk:
+            # A place is the tenant's: to swap tenants, remove one and add the other.
+            form.fields["tenant"].disabled = True
+
+
+class CohortMemberInline(PlatformAdminChanges, admin.TabularInline):
+    """A tenant's place in the cohort: the most GPUs it lends, and borrows, at once."""
+
+    model = CohortMember
+    formset = CohortMemberFormSet
+    extra = 0
+    fields = ["tenant", "lending_limit", "borrowing_limit", "joined"]
+    readonly_fields = ["joined"]
+    autocomplete_fields = ["tenant"]
+
+
+class CohortForm(forms.ModelForm):
+    class Meta:
+        model = Cohort
+        fields = ["slug", "name", "gpu_model", "partition", "reclaim_grace_s"]
+
+    def clean(self):
+        # cohorts.cohort_create says so too; here the page shows it on the field, before any write
+        data = super().clean()
+        # a saved cohort's model is read-only, so not in the form
+        model = self.instance.gpu_model if self.instance.pk else data.get("gpu_model")
+        partition = data.get("partition")
+        if partition is not None and model is not None and partition.gpu_model_id != model.pk:
+            self.add_error("partition", _("This partition's GPUs are not the cohort's GPU model."))
+        return data
+
+
+@admin.register(Cohort)
+class CohortAdmin(PlatformAdminChanges, admin.ModelAdmin):
+    list_display = ["slug", "name", "gpu_model", "partition", "reclaim_grace_s", "member_count"]
+    list_filter = ["gpu_model"]
+    search_fields = ["slug", "name"]
+    list_select_related = ["gpu_model", "partition__cluster"]
+    form = CohortForm
+    inlines = [CohortMemberInline]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(member_count=Count("members"))
+
+    def get_readonly_fields(self, request, obj=None):
+        # As in the API: a cohort keeps its slug and GPU model (its loans are of that model).
+        return ["slug", "gpu_model"] if obj else []
+
+    @admin.display(description=_("members"), ordering="member_count")
+    def member_count(self, obj) -> int:
+        return obj.member_count
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            made = cohorts.cohort_create(
+                actor=request.user,
+                slug=obj.slug,
+                gpu_model=obj.gpu_model,
+                name=obj.name,
+                partition=obj.partition,
+                reclaim_grace_s=obj.reclaim_grace_s,
+            )
+            obj.pk, obj.created = made.pk, made.created
+            return
+        changes = {
+            field: form.cleaned_data[field] for field in form.changed_data if field in cohorts.COHORT_FIELDS
+        }
+        try:
+            cohorts.cohort_update(actor=request.user, cohort=Cohort.objects.get(pk=obj.pk), changes=changes)
+        except PortalError as exc:  # a partition that would make a member's places overlap
+            self.message_user(request, exc.detail, messages.ERROR)
+
+    def save_formset(self, request, form, formset, change):
+        # Instead of formset.save(): each place through cohorts, then what the admin's history
+        # message reads from a saved formset.
+        cohort = form.instance
+        formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
+        for inline_form in (f for f in formset.forms if f.cleaned_data):
+            data, member = inline_form.cleaned_data, inline_form.instance
+            try:
+                if data.get("DELETE"):
+                    if member.pk:
+                        cohorts.cohort_member_remove(actor=request.user, member=member)
+                        formset.deleted_objects.append(member)
+                elif not member.pk or inline_form.has_changed():
+                    member, created = cohorts.cohort_member_set(
+                        actor=request.user,
+                        cohort=cohort,
+                        tenant=data["tenant"] if not member.pk else member.tenant,
+                        lending_limit=data["lending_limit"],
+                        borrowing_limit=data["borrowing_limit"],
+                    )
+                    if created:
+                        formset.new_objects.append(member)
+                    else:
+                        formset.changed_objects.append((member, inline_form.changed_data))
+            except PortalError as exc:  # a tenant already in a cohort of this model here
+                self.message_user(request, exc.detail, messages.ERROR)
+
+    def delete_model(self, request, obj):
+        # A cohort with loans on record is PROTECTed: the admin's confirmation page lists them
+        # and deletes nothing, so the service's Conflict is not reached from here.
+        cohorts.cohort_delete(actor=request.user, cohort=obj)
+
+    def delete_queryset(self, request, queryset):
+        for cohort in queryset:
+            cohorts.cohort_delete(actor=request.user, cohort=cohort)
