@@ -52,6 +52,10 @@ FIELDS: dict[str, tuple[str, Any]] = {
     "parameters": ("mapping", None),
     "cluster": ("slug", None),
     "partition": ("text", 64),
+    # lending and restarts (docs/api.md, Lending between tenants): the portal caps max_restarts
+    "preemptible": ("bool", None),
+    "max_restarts": ("int", (0, 100)),
+    "restart_exit_codes": ("codes", (1, 255)),
 }
 REQUIRED = ("tenant", "scenario", "gpu_model", "gpus", "walltime_minutes", "name")
 TEXT_KINDS = {"slug", "name", "choice", "text", "script", "path"}
@@ -244,6 +248,14 @@ def check(spec: dict[str, Any]) -> dict[str, list[str]]:
                 _add(errors, key, _("Must be a whole number."))
             elif not low <= value <= high:
                 _add(errors, key, _("Must be from {low} to {high}.").format(low=low, high=high))
+        elif kind == "bool" and not isinstance(value, bool):
+            _add(errors, key, _("Must be true or false."))
+        elif kind == "codes" and (
+            not isinstance(value, list)
+            or len(value) > 8
+            or not all(_is_int(code) and bounds[0] <= code <= bounds[1] for code in value)
+        ):
+            _add(errors, key, _("Must be a list of at most 8 exit codes from 1 to 255, e.g. [1, 42]."))
         elif kind == "mapping" and not isinstance(value, dict):
             _add(errors, key, _("Must be a mapping of parameter names to values."))
         elif kind == "env":

@@ -67,6 +67,14 @@ def test_set_overrides_fields_parameters_and_env(member_cli, grant, local_partit
     assert submitted(member_cli.run("submit", "-f", str(path), "--json"))["id"] != job["id"]
 
 
+def test_a_preemptible_job_with_its_restarts(member_cli, grant, local_partition):
+    path = job_file(member_cli.home, preemptible=True, max_restarts=2)
+    job = submitted(member_cli.run("submit", "-f", str(path), "--set", "restart_exit_codes=[42]", "--json"))
+    stored = Job.objects.get(pk=job["id"])
+    assert (stored.preemptible, stored.max_restarts, stored.restart_exit_codes) == (True, 2, "42")
+    assert (job["preemptible"], job["max_restarts"], job["attempt"]) == (True, 2, 1)
+
+
 def test_a_script_file_stdin_and_a_dry_run(member_cli, grant, local_partition):
     (member_cli.home / "train.sh").write_text("#!/bin/bash\necho from a file\n")
     path = job_file(member_cli.home, script=None, script_file="train.sh")
@@ -91,6 +99,10 @@ BAD_FILES = [
     ({"env": {"PATH": "/tmp"}}, "env.PATH: This variable is the scheduler's or the portal's own"),
     ({"env": {"SEED": 42}}, "env.SEED: Must be text (put numbers in quotes)."),
     ({"nodes": 2, "gpus": 3}, "gpus: Must divide evenly over the 2 nodes."),
+    ({"preemptible": "yes"}, "preemptible: Must be true or false."),
+    ({"max_restarts": -1}, "max_restarts: Must be from 0 to 100."),
+    ({"restart_exit_codes": [0]}, "restart_exit_codes: Must be a list of at most 8 exit codes"),
+    ({"restart_exit_codes": "42"}, "restart_exit_codes: Must be a list of at most 8 exit codes"),
 ]
 
 
