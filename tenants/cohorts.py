@@ -114,10 +114,16 @@ def cohort_create(
     return cohort
 
 
+# What a cohort's change may set: its slug and GPU model stay.
+COHORT_FIELDS = ("name", "partition", "reclaim_grace_s")
+
+
 @transaction.atomic
 def cohort_update(*, actor: AbstractBaseUser, cohort: Cohort, changes: dict) -> Cohort:
     """Change name, partition or reclaim grace (slug and GPU model stay). A new partition must
     be of the cohort's GPU model, and may not make a member's places overlap."""
+    if unknown := set(changes) - set(COHORT_FIELDS):
+        raise ValueError(f"a cohort's {sorted(unknown)} do not change")
     cohort = _lock(cohort)
     before = {field: getattr(cohort, field) for field in changes}
     tenants = _lock_tenants(cohort.members.values("tenant_id"))
