@@ -50,7 +50,7 @@ def test_help_tables_and_errors_in_chinese(member_cli, member, make_job):
     assert sorted(bad_file.stderr.splitlines()[1:]) == [
         "  color: 未知字段。作业可用的字段：tenant, scenario, gpu_model, gpus, nodes, share, mig_profile, "
         "gpu_memory_mib, gpu_cores_pct, walltime_minutes, name, priority, env, script, script_file, template, "
-        "parameters, cluster, partition。",
+        "parameters, cluster, partition, preemptible, max_restarts, restart_exit_codes。",
         "  gpus: 必须是整数。",
     ]
     assert bad_file.stderr.startswith("错误：") and bad_file.stderr.splitlines()[0].endswith("无法发送：")

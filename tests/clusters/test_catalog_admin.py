@@ -64,6 +64,8 @@ def form_data(cluster: Cluster, **changes) -> dict:
         "k8s_ca_cert": "",
         "k8s_token": "",
         "kubeconfig": "",
+        "k8s_scratch_gib": str(cluster.k8s_scratch_gib),
+        "k8s_scratch_storage_class": cluster.k8s_scratch_storage_class,
         "local_gpus": "0",
         "partitions-TOTAL_FORMS": "0",
         "partitions-INITIAL_FORMS": "0",
