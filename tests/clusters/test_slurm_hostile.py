@@ -188,7 +188,11 @@ def test_a_hostile_tenants_job_gets_through_none_of_the_attacks(testbed, catalog
     seen = (Path(hostile_record["WorkDir"]) / "seen-queue.txt").read_text()  # read as root
     assert attempts["read-tokens"] == "rc=0" and hostile_job.backend_id in seen, seen
     seen_ids = {line.split("|")[0] for line in seen.splitlines()}  # a job id may be part of a slug
-    assert victim_job.token not in seen and victim_job.backend_id not in seen_ids and "SEEN victim-token 0" in log
+    assert (
+        victim_job.token not in seen
+        and victim_job.backend_id not in seen_ids
+        and "SEEN victim-token 0" in log
+    )
 
     # Forge a token, and run a job the portal did not submit: both go through (they are its own
     # account's), but neither is adopted as the victim's job, and both are reported as orphans.
