@@ -194,6 +194,8 @@ class JobAttempt(models.Model):
     node_list = models.CharField(max_length=500, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField()
+    # a reclaimed attempt's end of grace: Kubernetes forgets a Job before its pods have saved
+    stop_at = models.DateTimeField(null=True, blank=True)
     end_state = models.CharField(max_length=16, choices=JobState.choices)
     reason = models.CharField(max_length=200, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)

@@ -153,15 +153,15 @@ def sample_gpus() -> dict:
 
 
 @shared_task(acks_late=True, soft_time_limit=60, time_limit=90, **BACKEND_RETRY)
-def warn_job(*, job_id: int) -> None:
+def warn_job(*, job_id: int, attempt: int | None = None) -> None:
     """A job reclaimed by its lender: warned now, stopped after its grace (services.job_warn)."""
-    services.job_warn(job_id=job_id)
+    services.job_warn(job_id=job_id, attempt=attempt)
 
 
 @shared_task(acks_late=True, soft_time_limit=60, time_limit=90, **BACKEND_RETRY)
-def stop_job(*, job_id: int) -> None:
+def stop_job(*, job_id: int, attempt: int | None = None) -> None:
     """A warned job whose grace is out: cancelled in its scheduler (services.job_stop)."""
-    services.job_stop(job_id=job_id)
+    services.job_stop(job_id=job_id, attempt=attempt)
 
 
 @shared_task(acks_late=True, soft_time_limit=60, time_limit=90, **BACKEND_RETRY)

@@ -75,6 +75,7 @@ class Migration(migrations.Migration):
                 ('node_list', models.CharField(blank=True, max_length=500)),
                 ('started_at', models.DateTimeField(blank=True, null=True)),
                 ('ended_at', models.DateTimeField()),
+                ('stop_at', models.DateTimeField(blank=True, null=True)),
                 ('end_state', models.CharField(choices=[('QUEUED', 'Queued'), ('SUBMITTING', 'Submitting'), ('PENDING', 'Pending'), ('RUNNING', 'Running'), ('CANCELLING', 'Cancelling'), ('COMPLETED', 'Completed'), ('FAILED', 'Failed'), ('CANCELLED', 'Cancelled'), ('TIMEOUT', 'Timed out'), ('NODE_FAIL', 'Node failure'), ('OUT_OF_MEMORY', 'Out of memory'), ('PREEMPTED', 'Preempted'), ('REJECTED', 'Rejected'), ('LOST', 'Lost')], max_length=16)),
                 ('reason', models.CharField(blank=True, max_length=200)),
                 ('exit_code', models.IntegerField(blank=True, null=True)),

@@ -200,6 +200,8 @@ def _admit(partition: Partition) -> list[int]:
         .order_by("pk")
     )
     grants = {grant.pk: grant for grant in locked}
+    if pool is not None:
+        pool.count_loans()
     today, now = timezone.localdate(), timezone.now()
     admitted = []
     order = admission_order(waiting)

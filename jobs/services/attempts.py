@@ -24,8 +24,10 @@ from tenants.services import grant_for_update
 CHECKPOINT_LINE = re.compile(r"^PORTAL_CHECKPOINT (\d{9,11})(?:\s|$)")
 # The log's last lines read for markers: a job prints one per checkpoint, every few minutes.
 REVIEW_LINES = 2000
-# Attempts that end so lose work: a restart's reasons, and the last of a job out of restarts.
-LOSING_STATES = frozenset({JobState.PREEMPTED, JobState.NODE_FAIL, JobState.FAILED})
+# Attempts that end so lose work of the portal's or the cluster's doing: a preemption (a reclaim)
+# and a failed node. A job's own failure is charged in full, whatever exit code restarts it: else
+# a job could end each attempt with a chosen code and run free.
+LOSING_STATES = frozenset({JobState.PREEMPTED, JobState.NODE_FAIL})
 
 
 def last_checkpoint(lines: list[str], *, started_at: datetime, ended_at: datetime) -> datetime | None:
@@ -63,7 +65,9 @@ def attempt_review(*, attempt_id: int) -> JobAttempt:
             log.info("attempt %s of job %s: its log cannot be read (%s)", attempt.number, job.pk, exc)
             tail = None
         if tail is not None:
-            checkpoint = last_checkpoint(tail.lines, started_at=attempt.started_at, ended_at=attempt.ended_at)
+            # a reclaimed attempt's pods may save until the end of their grace (Kubernetes)
+            until = max(attempt.ended_at, attempt.stop_at or attempt.ended_at)
+            checkpoint = last_checkpoint(tail.lines, started_at=attempt.started_at, ended_at=until)
     lost = Decimal(0)
     if attempt.started_at and attempt.end_state in LOSING_STATES:
         since = checkpoint or attempt.started_at

@@ -10,7 +10,7 @@ from clusters.backends.base import JobStatus
 from clusters.services import backend_of, cluster_check_available
 from jobs.models import Job, JobState
 from jobs.selectors import job_may_cancel
-from jobs.services.common import job_move, send_after_commit, send_now
+from jobs.services.common import COUNTDOWN_MAX_S, job_move, send_after_commit, send_now
 from jobs.services.finish import job_finish
 from jobs.states import ACTIVE_IN_SCHEDULER, END_STATES
 from portal.core.errors import Conflict, Forbidden
@@ -65,13 +65,17 @@ def job_cancel_in_scheduler(*, job_id: int, backend_id: str = "") -> None:
         backend_of(job.cluster).cancel(backend_id or job.backend_id, user=job.cluster_user)
 
 
-def job_warn(*, job_id: int) -> None:
+def job_warn(*, job_id: int, attempt: int | None = None) -> None:
     """A job reclaimed by its lender (jobs/services/lending.py, stop_at set): warn it, so that
     it saves its checkpoint (Backend.warn: Slurm USR1, Kubernetes and local SIGTERM), and stop
-    it once its grace is out (job_stop, sent for then). One that has not started yet is
-    stopped at once: it has nothing to save. BackendUnavailable is retried by the task."""
+    it once its grace is out (job_stop, sent for then; a grace longer than a task may wait is
+    the sweep's, jobs_stop_overdue). One that has not started yet is stopped at once: it has
+    nothing to save. `attempt`: the attempt reclaimed; a later one is not this message's.
+    BackendUnavailable is retried by the task."""
     job = Job.objects.select_related("cluster").get(pk=job_id)
     if job.stop_at is None or job.state not in (JobState.SUBMITTING, JobState.PENDING, JobState.RUNNING):
+        return
+    if attempt is not None and attempt != job.attempt:
         return
     if not job.backend_id:
         return  # still being submitted: the sweep stops it once it has an id (jobs_stop_overdue)
@@ -79,17 +83,21 @@ def job_warn(*, job_id: int) -> None:
     left = max(0, int((job.stop_at - timezone.now()).total_seconds()))
     if job.state == JobState.RUNNING and left:
         backend_of(job.cluster).warn(job.backend_id, user=job.cluster_user, grace_s=left)
-        send_now("jobs.tasks.stop_job", job_id=job.pk, countdown=left)
+        if left <= COUNTDOWN_MAX_S:
+            send_now("jobs.tasks.stop_job", job_id=job.pk, attempt=job.attempt, countdown=left)
     else:
         job_stop(job_id=job.pk)
 
 
-def job_stop(*, job_id: int) -> None:
+def job_stop(*, job_id: int, attempt: int | None = None) -> None:
     """A warned job whose grace is out: cancelled in its scheduler; the poll sees it end and
     finish.py queues its next attempt (or ends it PREEMPTED when none is left)."""
     job = Job.objects.select_related("cluster").get(pk=job_id)
     if job.stop_at is None or job.state in END_STATES or not job.backend_id:
         return
+    early = timezone.now() < job.stop_at - timedelta(seconds=1)  # a message delivered again
+    if (attempt is not None and attempt != job.attempt) or early:
+        return  # a later attempt's, or early: its own stop or the sweep's comes
     cluster_check_available(cluster=job.cluster)
     backend_of(job.cluster).cancel(job.backend_id, user=job.cluster_user)
 
@@ -100,7 +108,7 @@ def jobs_stop_overdue() -> int:
     overdue = Job.objects.filter(
         stop_at__lt=timezone.now() - timedelta(seconds=60), state__in=ACTIVE_IN_SCHEDULER
     ).exclude(backend_id="")
-    ids = list(overdue.values_list("pk", flat=True))
-    for job_id in ids:
-        send_now("jobs.tasks.stop_job", job_id=job_id)
-    return len(ids)
+    rows = list(overdue.values_list("pk", "attempt"))
+    for job_id, attempt in rows:
+        send_now("jobs.tasks.stop_job", job_id=job_id, attempt=attempt)
+    return len(rows)

@@ -14,6 +14,11 @@ from jobs.states import check_move
 
 log = logging.getLogger("jobs.services")
 
+# The longest countdown a task is sent with: well within the broker's visibility timeout
+# (BROKER_VISIBILITY_TIMEOUT_S, an hour), past which Redis would deliver it again. A longer wait
+# is the sweep's, each minute (a restart's backoff, a reclaimed job's stop).
+COUNTDOWN_MAX_S = 600
+
 
 def send_after_commit(task: str, *, countdown: int | None = None, **kwargs) -> None:
     """Enqueue after commit. By name: tasks import services, so services must not import tasks.

@@ -21,7 +21,7 @@ from clusters.models import Cluster
 from clusters.services import backend_of, cluster_answered, cluster_available, cluster_mark_health
 from jobs.models import Job, JobEvent, JobState
 from jobs.selectors import awaiting_dispatch
-from jobs.services.admission import job_held_back, job_unadmit_if_held, jobs_admit
+from jobs.services.admission import grants_to_lock, job_held_back, job_unadmit_if_held, jobs_admit
 from jobs.services.cancel import jobs_stop_overdue
 from jobs.services.common import moved_event, send_now
 from jobs.services.finish import job_finish
@@ -184,8 +184,10 @@ def jobs_claim(job_id: int, *, cluster_id: int, limit: int) -> list[Job]:
         )
         grants = QuotaGrant.objects.in_bulk({job.grant_id for job in jobs})
         today = timezone.localdate()
-        held = {job.grant_id for job in jobs if job_held_back(job, grant=grants[job.grant_id], today=today)}
-        if held:  # their un-admission settles grants: lock them in id order first, as admission does
+        held_jobs = [job for job in jobs if job_held_back(job, grant=grants[job.grant_id], today=today)]
+        if held_jobs:  # their un-admission settles grants, their loans' lenders' too: locked in id
+            # order first, as admission does
+            held = grants_to_lock([job.pk for job in held_jobs], {job.grant_id for job in held_jobs})
             list(QuotaGrant.objects.select_for_update(no_key=True).filter(pk__in=held).order_by("pk"))
         for job in jobs:
             if job.state == JobState.QUEUED and not job.holds_gpus:

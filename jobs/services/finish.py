@@ -16,6 +16,7 @@ from clusters.selectors import catalog_names
 from jobs.models import Job, JobAttempt, JobEvent, JobState, new_token
 from jobs.services.admission import jobs_admit_soon
 from jobs.services.common import (
+    COUNTDOWN_MAX_S,
     last_event_times,
     moved_event,
     reported_at,
@@ -64,16 +65,19 @@ def _finish(partition_id: int, ends: dict[int, tuple[JobStatus | None, str]]) ->
         last_at = last_event_times([job.pk for job in jobs])
         events, ended, requeued, attempts = [], [], [], []
         settle: dict[int, list] = defaultdict(lambda: [Decimal(0), Decimal(0), 0])  # reserved, used, GPUs
+        # an end already recorded, or an earlier attempt's, read before the job was queued again
+        jobs = [job for job in jobs if job.state not in END_STATES and not _stale(job, ends[job.pk][0])]
         # the loans of the jobs that end or wait again go back to their lenders' grants
-        for grant_id, gpus in loans_end(
-            [job.pk for job in jobs if job.state not in END_STATES], now=now
-        ).items():
+        for grant_id, gpus in loans_end([job.pk for job in jobs], now=now).items():
             settle[grant_id][2] += gpus
         for job in jobs:
-            if job.state in END_STATES:
-                continue
             status, reject_reason = ends[job.pk]
-            if status is not None and job.stop_at is not None and status.state != JobState.COMPLETED:
+            if (
+                status is not None
+                and job.stop_at is not None
+                and job.state != JobState.CANCELLING  # a cancel asked for during the grace is one
+                and status.state != JobState.COMPLETED
+            ):
                 # warned and stopped for its lender (lending.py): however the scheduler ended it
                 status = replace(status, state=JobState.PREEMPTED, reason="reclaimed by its lender")
             ended_at = None
@@ -145,6 +149,12 @@ def _finish(partition_id: int, ends: dict[int, tuple[JobStatus | None, str]]) ->
     return len(ended)
 
 
+def _stale(job: Job, status: JobStatus | None) -> bool:
+    """A status of another scheduler job than the job's current attempt's (the portal's own,
+    for a job not yet submitted, name none)."""
+    return status is not None and bool(status.backend_id) and status.backend_id != job.backend_id
+
+
 # The scheduler's ends that a job comes back from, up to its max_restarts: its node failed, or
 # it was preempted; FAILED too where its submitter named the exit code.
 RESTART_STATES = frozenset({JobState.PREEMPTED, JobState.NODE_FAIL})
@@ -165,7 +175,7 @@ def restart_due(job: Job, status: JobStatus, *, charge: Decimal) -> bool:
 def _attempt(job: Job, status: JobStatus | None, *, ended_at, gpu_hours: Decimal) -> JobAttempt:
     return JobAttempt(
         job=job, number=job.attempt, backend_id=job.backend_id, token=job.token, node_list=job.node_list,
-        started_at=job.started_at, ended_at=ended_at,
+        started_at=job.started_at, ended_at=ended_at, stop_at=job.stop_at,
         end_state=status.state if status is not None else JobState.REJECTED,
         reason=(status.reason if status is not None else "")[:200],
         exit_code=status.exit_code if status is not None else None, gpu_hours=gpu_hours,
@@ -184,6 +194,9 @@ def _requeue(job: Job, status: JobStatus, *, charge: Decimal, at, now) -> JobEve
     job.reserved_gpu_hours -= charge
     job.gpu_hours = (job.gpu_hours or 0) + charge
     job.attempt += 1
+    # a reclaimed attempt's pods may run to the end of their grace (Kubernetes forgets the Job at
+    # once): the next attempt, which shares their checkpoint directory, starts after them
+    job.restart_after = max(now + timedelta(seconds=backoff), job.stop_at or now)
     job.token, job.backend_id, job.submitted_at, job.started_at, job.stop_at = (
         new_token(),
         "",
@@ -192,13 +205,13 @@ def _requeue(job: Job, status: JobStatus, *, charge: Decimal, at, now) -> JobEve
         None,
     )
     job.holds_gpus, job.gpus_borrowed, job.dispatch_attempts, job.dispatch_lease_until = False, 0, 0, None
-    job.restart_after = now + timedelta(seconds=backoff)
     return event
 
 
 def _admit_after_backoff(partition_id: int, wait: timedelta) -> None:
-    """An admission pass once the first backoff is over (the sweep does it too, each minute)."""
-    countdown = max(1, int(wait.total_seconds()) + 1)
+    """An admission pass once the first backoff is over (the sweep's pass each minute takes a
+    job whose longer backoff is over)."""
+    countdown = min(COUNTDOWN_MAX_S, max(1, int(wait.total_seconds()) + 1))
     send_after_commit("jobs.tasks.admit_partition", countdown=countdown, partition_id=partition_id)
 
 

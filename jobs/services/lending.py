@@ -17,6 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db.models import Q, Sum
 from django.utils import timezone
 
@@ -48,10 +49,36 @@ class LendingPool:
     borrowed: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # borrower tenant → GPUs
     lent_by_grant: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     short: set[int] = field(default_factory=set)  # tenants whose own jobs wait for quota: lend nothing new
+    waiting_grants: set[int] = field(default_factory=set)  # the waiting jobs' grants, which may reclaim
 
     def grant_ids(self) -> set[int]:
-        """Every grant a loan of this pass may take from or give back to."""
-        return {grant_id for ids in self.lender_grants.values() for grant_id in ids} | set(self.lent_by_grant)
+        """Every grant a loan of this pass may take from or give back to: the members' and the
+        waiting jobs' (a reclaim gives back only to the grant that lent)."""
+        return {grant_id for ids in self.lender_grants.values() for grant_id in ids} | self.waiting_grants
+
+    def count_loans(self) -> None:
+        """The GPUs lent and borrowed now, read once the pass holds grant_ids()' locks: every
+        loan changes under its lender grant's lock, so no other pass lends meanwhile past a
+        limit. The limits count the loans of the members' cohorts; a grant's lent GPUs (what
+        its tenant may reclaim) count every open loan of it, of whatever cohort or partition."""
+        self.lent.clear()
+        self.borrowed.clear()
+        self.lent_by_grant.clear()
+        open_loans = Loan.objects.filter(ended_at__isnull=True)
+        cohorts = {member.cohort_id for member in self.members.values()}
+        for row in (
+            open_loans.filter(cohort_id__in=cohorts)
+            .values("lender_id", "borrower_id")
+            .annotate(gpus=Sum("gpus"))
+        ):
+            self.lent[row["lender_id"]] += row["gpus"]
+            self.borrowed[row["borrower_id"]] += row["gpus"]
+        for row in (
+            open_loans.filter(lender_grant_id__in=self.grant_ids())
+            .values("lender_grant_id")
+            .annotate(gpus=Sum("gpus"))
+        ):
+            self.lent_by_grant[row["lender_grant_id"]] += row["gpus"]
 
     # --- Borrowing
 
@@ -121,12 +148,15 @@ class LendingPool:
         self.borrowed[job.tenant_id] += sum(plan.values())
         job.gpus_borrowed = sum(plan.values())
         tenants = Tenant.objects.in_bulk({job.tenant_id} | {loan.lender_id for loan in loans})
-        for loan in loans:  # in both tenants' audit logs
-            for tenant_id in (loan.lender_id, job.tenant_id):
-                audit_record(
-                    actor=None, action="loan.start", target=job, tenant=tenants[tenant_id],
-                    data=_loan_data(loan, job, lender=tenant_id == loan.lender_id),
-                )  # fmt: skip
+        for loan in loans:  # in both tenants' audit logs: the lender's about its grant
+            audit_record(
+                actor=None, action="loan.start", target=grants[loan.lender_grant_id],
+                tenant=tenants[loan.lender_id], data=_loan_data(loan, lender=True),
+            )  # fmt: skip
+            audit_record(
+                actor=None, action="loan.start", target=job, tenant=tenants[job.tenant_id],
+                data=_loan_data(loan, lender=False),
+            )  # fmt: skip
         return True
 
     # --- Reclaiming
@@ -148,13 +178,24 @@ class LendingPool:
         by_job: dict[int, int] = defaultdict(int)
         for loan in loans:
             by_job[loan.job_id] += loan.gpus
-        # the borrowed jobs that nobody else is changing now, youngest loans first
+        # the borrowed jobs that nobody else is changing now, youngest loans first; their loans
+        # read again once they are locked (one may have ended meanwhile)
         free = set(
             Job.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(pk__in=by_job, state__in=RECLAIMABLE_STATES)
             .values_list("pk", flat=True)
         )
-        candidates = [job_id for job_id in dict.fromkeys(loan.job_id for loan in loans) if job_id in free]
+        loans = [loan for loan in loans if loan.job_id in free]
+        still_open = set(
+            Loan.objects.filter(pk__in=[loan.pk for loan in loans], ended_at__isnull=True).values_list(
+                "pk", flat=True
+            )
+        )
+        loans = [loan for loan in loans if loan.pk in still_open]
+        by_job = defaultdict(int)
+        for loan in loans:
+            by_job[loan.job_id] += loan.gpus
+        candidates = list(dict.fromkeys(loan.job_id for loan in loans))
         chosen = fewest_that_free(candidates[:RECLAIM_CANDIDATES], by_job, need)
         if not chosen:
             return []
@@ -168,9 +209,16 @@ class LendingPool:
     ) -> None:
         borrowed = Job.objects.select_related("tenant").get(pk=job_id)
         loans = list(
-            Loan.objects.filter(job_id=job_id, ended_at__isnull=True).select_related("cohort", "lender")
+            Loan.objects.filter(job_id=job_id, ended_at__isnull=True).select_related(
+                "cohort", "lender", "lender_grant"
+            )
         )
-        grace = max(loan.cohort.reclaim_grace_s for loan in loans)
+        if not loans:
+            return  # ended since they were read
+        # a loan whose cohort was deleted since: the site's default grace
+        grace = max(
+            loan.cohort.reclaim_grace_s if loan.cohort_id else settings.JOB_PREEMPT_GRACE_S for loan in loans
+        )
         for loan in loans:
             loan.ended_at, loan.reclaimed = now, True
             grant_settle(
@@ -182,10 +230,14 @@ class LendingPool:
             self.lent_by_grant[loan.lender_grant_id] -= loan.gpus
             self.borrowed[loan.borrower_id] -= loan.gpus
             for tenant in (loan.lender, borrowed.tenant):
-                data = _loan_data(loan, borrowed, lender=tenant is loan.lender) | {"grace_s": grace}
-                if tenant is loan.lender:
-                    data["for_job"] = lender_job.pk
-                audit_record(actor=None, action="loan.reclaim", target=borrowed, tenant=tenant, data=data)
+                lender = tenant is loan.lender
+                data = _loan_data(loan, lender=lender) | {"grace_s": grace}
+                if lender:
+                    data["for_job"] = lender_job.pk  # its own job, which needed the GPUs
+                audit_record(
+                    actor=None, action="loan.reclaim", target=loan.lender_grant if lender else borrowed,
+                    tenant=tenant, data=data,
+                )  # fmt: skip
         Loan.objects.bulk_update(loans, ["ended_at", "reclaimed"])
         if borrowed.state == JobState.QUEUED:
             self._unadmit(borrowed, grants=grants)
@@ -193,7 +245,7 @@ class LendingPool:
         stop_at = now + timedelta(seconds=grace)
         reason = f"reclaimed by its lender: stops by {stop_at:%H:%M:%S} UTC"  # the lender not named
         Job.objects.filter(pk=job_id).update(stop_at=stop_at, reason=reason[:200])
-        send_after_commit("jobs.tasks.warn_job", job_id=job_id)
+        send_after_commit("jobs.tasks.warn_job", job_id=job_id, attempt=borrowed.attempt)
 
     def _unadmit(self, job: Job, *, grants: dict[int, QuotaGrant]) -> None:
         """A reclaimed job that was admitted but not yet sent to its scheduler: nothing to warn
@@ -219,33 +271,36 @@ def fewest_that_free(candidates: list[int], gpus: dict[int, int], need: int) -> 
     return []
 
 
-def _loan_data(loan: Loan, job: Job, *, lender: bool) -> dict:
-    """What a loan's audit event says in one side's log: neither side's names the other tenant;
-    the lender's names its grant, the borrower's its job's attempt."""
-    data = {"job": job.pk, "gpus": loan.gpus, "cohort": loan.cohort_id, "attempt": loan.attempt}
-    if lender:
-        data["grant"] = loan.lender_grant_id
+def _loan_data(loan: Loan, *, lender: bool) -> dict:
+    """What a loan's audit event says in one side's log, neither naming the other tenant nor
+    its objects: the lender's (its target the grant that lent) the GPUs, the borrower's (its
+    target the job) the GPUs and the job's attempt."""
+    data = {"loan": loan.pk, "gpus": loan.gpus, "cohort": loan.cohort_id}
+    if not lender:
+        data["attempt"] = loan.attempt
     return data
 
 
 def lending_pool(partition: Partition, waiting: list[Job]) -> LendingPool | None:
-    """The cohorts covering the partition, read once for an admission pass; None where the
-    partition's GPU model has no cohort, or no waiting job could borrow or reclaim."""
+    """The cohorts covering the partition, read once for an admission pass; None where no
+    waiting job could borrow (no cohort covers the partition, or none is preemptible) or
+    reclaim (its grant lent nothing, in whatever cohort or on whatever partition). The caller
+    locks `grant_ids()` and then counts the open loans (`count_loans`) under those locks."""
     members = list(
         CohortMember.objects.filter(cohort__gpu_model_id=partition.gpu_model_id)
         .filter(Q(cohort__partition__isnull=True) | Q(cohort__partition_id=partition.pk))
         .select_related("cohort")
     )
-    if not members:
-        return None
     waiting_grants = {job.grant_id for job in waiting}
-    open_loans = Loan.objects.filter(ended_at__isnull=True, cohort_id__in={m.cohort_id for m in members})
-    if (
-        not any(job.preemptible for job in waiting)
-        and not open_loans.filter(lender_grant_id__in=waiting_grants).exists()
-    ):
+    lent_by_waiting = Loan.objects.filter(ended_at__isnull=True, lender_grant_id__in=waiting_grants).exists()
+    if not lent_by_waiting and not (members and any(job.preemptible for job in waiting)):
         return None
-    pool = LendingPool(partition_id=partition.pk, members={m.tenant_id: m for m in members}, lender_grants={})
+    pool = LendingPool(
+        partition_id=partition.pk,
+        members={m.tenant_id: m for m in members},
+        lender_grants={},
+        waiting_grants=waiting_grants,
+    )
     today = timezone.localdate()
     lendable = (
         QuotaGrant.objects.active_on(today)
@@ -255,10 +310,6 @@ def lending_pool(partition: Partition, waiting: list[Job]) -> LendingPool | None
     )
     for tenant_id, grant_id in lendable:
         pool.lender_grants.setdefault(tenant_id, []).append(grant_id)
-    for row in open_loans.values("lender_id", "borrower_id", "lender_grant_id").annotate(gpus=Sum("gpus")):
-        pool.lent[row["lender_id"]] += row["gpus"]
-        pool.borrowed[row["borrower_id"]] += row["gpus"]
-        pool.lent_by_grant[row["lender_grant_id"]] += row["gpus"]
     return pool
 
 

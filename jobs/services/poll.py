@@ -119,6 +119,8 @@ def jobs_apply_statuses(statuses: dict[int, JobStatus]) -> int:
         last_at = last_event_times(starting) if starting else {}
         for job in Job.objects.select_for_update().filter(pk__in=statuses).only(*_FOLLOWED).order_by("pk"):
             status = statuses[job.pk]
+            if status.backend_id != job.backend_id:
+                continue  # read before the job was queued again as its next attempt: not this one's
             values = _followed(job, status, last_at.get(job.pk))
             if values == _values(job):
                 continue

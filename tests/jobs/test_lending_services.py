@@ -13,7 +13,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from clusters.backends.base import JobState
+from clusters.backends.base import JobState, JobStatus
 from clusters.models import GpuModel, Scenario
 from clusters.services import backend_of
 from clusters.shares import Share
@@ -21,7 +21,8 @@ from jobs.models import Job, JobAttempt, JobEvent, Loan
 from jobs.services import attempt_review, job_cancel, job_stop, job_warn, jobs_admit, jobs_dispatch, jobs_poll
 from jobs.services.attempts import last_checkpoint
 from jobs.services.cancel import jobs_stop_overdue
-from jobs.services.lending import fewest_that_free
+from jobs.services.finish import job_finish
+from jobs.services.lending import fewest_that_free, lending_pool
 from tenants.models import QuotaGrant, Role
 from tests.conftest import join
 from tests.factories import ClusterFactory, PartitionFactory, QuotaGrantFactory, TenantFactory
@@ -123,13 +124,15 @@ def test_a_preemptible_job_borrows_what_its_grant_lacks_from_another_member(
     borrower_grant, lender_grant = refreshed(p.borrower_grant, p.lender_grant)
     assert (borrower_grant.gpus_in_use, lender_grant.gpus_in_use) == (1, 1)
     assert borrower_grant.gpu_hours_reserved == Decimal("4.0000") and lender_grant.gpu_hours_reserved == 0
-    target = ("jobs.job", str(job.pk))
-    shared = {"job": job.pk, "gpus": 1, "cohort": p.cohort.pk, "attempt": 1}
+    shared = {"loan": loan.pk, "gpus": 1, "cohort": p.cohort.pk}
     lenders, borrowers = audit(climate, "loan.start"), audit(tenant, "loan.start")
+    # the lender's is about its grant; the borrower's job is not its to know of
     assert lenders == [
-        {"tenant_slug": "climate", "target": target, "data": shared | {"grant": p.lender_grant.pk}}
+        {"tenant_slug": "climate", "target": ("tenants.quotagrant", str(p.lender_grant.pk)), "data": shared}
     ]
-    assert borrowers == [{"tenant_slug": "protein-lab", "target": target, "data": shared}]
+    assert borrowers == [
+        {"tenant_slug": "protein-lab", "target": ("jobs.job", str(job.pk)), "data": shared | {"attempt": 1}}
+    ]
     # neither side's record names the other tenant
     assert tenant.slug not in json.dumps(lenders) and climate.slug not in json.dumps(borrowers)
     assert ledger_errors() == []
@@ -279,21 +282,25 @@ def test_a_lenders_waiting_job_reclaims_the_fewest_youngest_borrowed_jobs(
     (lender_grant,) = refreshed(p.lender_grant)
     assert lender_grant.gpus_in_use == 5 - freed + gpus
 
-    def reclaim_records(tenant_, *extra):
+    loan_of = {loan.job_id: loan.pk for loan in Loan.objects.filter(reclaimed=True)}
+
+    def reclaim_records(tenant_, target, extra):
         return sorted(
-            (r["tenant_slug"], r["target"], r["data"]) for r in audit(tenant_, "loan.reclaim")
+            (r["tenant_slug"], r["target"], json.dumps(r["data"], sort_keys=True))
+            for r in audit(tenant_, "loan.reclaim")
         ) == sorted(
             (
                 tenant_.slug,
-                ("jobs.job", str(jobs[name].pk)),
-                {"job": jobs[name].pk, "gpus": jobs[name].gpus, "cohort": p.cohort.pk, "attempt": 1,
-                 "grace_s": 120} | dict(extra),
+                target(jobs[name]),
+                json.dumps({"loan": loan_of[jobs[name].pk], "gpus": jobs[name].gpus, "cohort": p.cohort.pk,
+                            "grace_s": 120} | extra, sort_keys=True),
             )
             for name in chosen
         )  # fmt: skip
 
-    assert reclaim_records(climate, ("grant", p.lender_grant.pk), ("for_job", reclaimer.pk))
-    assert reclaim_records(tenant)
+    lender_target = ("tenants.quotagrant", str(p.lender_grant.pk))
+    assert reclaim_records(climate, lambda job: lender_target, {"for_job": reclaimer.pk})
+    assert reclaim_records(tenant, lambda job: ("jobs.job", str(job.pk)), {"attempt": 1})
     assert tenant.slug not in json.dumps(audit(climate, "loan.reclaim"))
     assert climate.slug not in json.dumps(audit(tenant, "loan.reclaim"))
     assert ledger_errors() == []
@@ -307,13 +314,14 @@ def test_a_reclaimed_job_that_ends_failed_is_preempted_and_queued_again(
     b1 = jobs["b1"]
     (b1,) = refreshed(b1)
     assert b1.stop_at is not None
-    started, token = b1.started_at, b1.token
+    started, token, stop_at = b1.started_at, b1.token, b1.stop_at
     # the script's trap saves and exits 143 (Slurm reports FAILED): recorded PREEMPTED
     b1 = end(b1, JobState.FAILED, ran_s=3613, exit_code=143)
     assert (b1.state, b1.attempt, b1.reason) == (JobState.QUEUED, 2, "preempted: attempt 2 of 4 queued")
     assert (b1.stop_at, b1.holds_gpus, b1.gpus_borrowed, b1.backend_id) == (None, False, 0, "")
     assert b1.token != token and b1.started_at is None
-    assert timezone.now() + timedelta(seconds=29) < b1.restart_after <= timezone.now() + timedelta(seconds=30)
+    # its backoff, 30 s, or its grace's end if later: its pods may save until then (Kubernetes)
+    assert b1.restart_after == stop_at > timezone.now() + timedelta(seconds=30)
     # 2 GPUs for 3613 s: 2.0072 GPU-hours charged, the rest of 4 kept for the next attempt
     assert (b1.gpu_hours, b1.reserved_gpu_hours) == (Decimal("2.0072"), Decimal("1.9928"))
     attempt = JobAttempt.objects.get(job=b1)
@@ -576,11 +584,11 @@ def test_attempt_review_without_a_checkpoint_loses_the_whole_attempt(settings, r
 def test_the_review_of_a_jobs_last_attempt_takes_lost_hours_off_used_only(settings, restarted, partition):
     """Once the job has ended, nothing more runs the lost work again: the reservation stays 0."""
     job, _ = restarted
-    Job.objects.filter(pk=job.pk).update(restart_after=None)
+    Job.objects.filter(pk=job.pk).update(restart_after=None, max_restarts=1)  # its last attempt
     jobs_admit(partition_id=partition.pk)
     job = run(Job.objects.get(pk=job.pk), started_at=whole_seconds_ago(H), backend_id="local-9")
-    job = end(job, JobState.FAILED, ran_s=1801, exit_code=1)  # 1.0006
-    assert job.state == JobState.FAILED
+    job = end(job, JobState.NODE_FAIL, ran_s=1801)  # 1.0006
+    assert job.state == JobState.NODE_FAIL
     last = JobAttempt.objects.get(job=job, number=2)
     log_of(settings, last.token).write_text(f"PORTAL_CHECKPOINT {int(last.started_at.timestamp()) + 1501}\n")
     assert attempt_review(attempt_id=last.pk).gpu_hours_lost == Decimal("0.1667")  # 2 GPUs × 300 s
@@ -592,18 +600,26 @@ def test_the_review_of_a_jobs_last_attempt_takes_lost_hours_off_used_only(settin
     assert ledger_errors() == []
 
 
-def test_a_completed_attempt_loses_nothing(settings, restarted, partition):
+@pytest.mark.parametrize(
+    "state, exit_code", [(JobState.COMPLETED, 0), (JobState.FAILED, 1), (JobState.FAILED, 42)]
+)
+def test_a_completed_or_failed_attempt_loses_nothing(settings, restarted, partition, state, exit_code):
+    """A job's own failure is charged in full, even with an exit code it restarts on: else an
+    attempt that ends with a chosen code would run free."""
     job, _ = restarted
-    Job.objects.filter(pk=job.pk).update(restart_after=None)
+    Job.objects.filter(pk=job.pk).update(restart_after=None, restart_exit_codes="42")
     jobs_admit(partition_id=partition.pk)
     job = run(Job.objects.get(pk=job.pk), started_at=whole_seconds_ago(H), backend_id="local-9")
-    job = end(job, JobState.COMPLETED, ran_s=1801, exit_code=0)
+    job = end(job, state, ran_s=1801, exit_code=exit_code)
     last = JobAttempt.objects.get(job=job, number=2)
     log_of(settings, last.token).write_text(f"PORTAL_CHECKPOINT {int(last.started_at.timestamp()) + 60}\n")
     reviewed = attempt_review(attempt_id=last.pk)
     assert (reviewed.reviewed, reviewed.checkpoint_at, reviewed.gpu_hours_lost) == (True, None, 0)
     (grant,) = refreshed(QuotaGrant.objects.get(pk=job.grant_id))
-    assert (grant.gpu_hours_used, grant.gpu_hours_reserved) == (Decimal("3.0078"), 0)
+    used = Decimal("3.0078")  # both attempts in full
+    # exit code 42 restarts it: the rest of its reservation stays for its third attempt
+    reserved = Decimal("0.9922") if exit_code == 42 else 0
+    assert (grant.gpu_hours_used, grant.gpu_hours_reserved) == (used, reserved)
     assert ledger_errors() == []
 
 
@@ -633,7 +649,8 @@ def test_the_sweep_stops_warned_jobs_a_minute_past_their_stop(broker_queue, make
     make_job(member, state=JobState.PREEMPTED, backend_id="local-5", stop_at=now - timedelta(seconds=600))
     assert jobs_stop_overdue() == 2
     assert sorted(sent_tasks(), key=lambda task: task[1]["job_id"]) == [
-        ("jobs.tasks.stop_job", {"job_id": overdue.pk}), ("jobs.tasks.stop_job", {"job_id": cancelling.pk}),
+        ("jobs.tasks.stop_job", {"job_id": overdue.pk, "attempt": 1}),
+        ("jobs.tasks.stop_job", {"job_id": cancelling.pk, "attempt": 1}),
     ]  # fmt: skip
 
 
@@ -688,7 +705,7 @@ def test_a_reclaimed_job_on_the_local_cluster_is_warned_saves_and_comes_back(
         assert reclaimer.holds_gpus
         job_warn(job_id=job.pk)
         [(task, kwargs)] = sent_tasks()
-        assert (task, kwargs) == ("jobs.tasks.stop_job", {"job_id": job.pk})
+        assert (task, kwargs) == ("jobs.tasks.stop_job", {"job_id": job.pk, "attempt": 1})
         wait_for(lambda: Job.objects.get(pk=job.pk).attempt == 2, cluster_id=partition.cluster_id)
     finally:  # no process of ours outlives the test
         backend = backend_of(partition.cluster)
@@ -731,4 +748,93 @@ def test_a_reclaimed_job_not_yet_submitted_is_never_submitted(
             backend_of(partition.cluster).cancel(backend_id)
     (job,) = refreshed(job)
     assert (job.state, job.backend_id) == (JobState.QUEUED, "")
+    assert ledger_errors() == []
+
+
+# --- What the review of the change found (races, stale messages, other partitions)
+
+
+def test_an_earlier_attempts_end_read_late_changes_nothing(restarted):
+    """A poll that read attempt 1's end before the job was queued again reports it once more:
+    the job (attempt 2, QUEUED) and the ledger stay as they are."""
+    job, attempt = restarted
+    stale = JobStatus(
+        backend_id=attempt.backend_id, state=JobState.NODE_FAIL, raw_state="NODE_FAIL",
+        finished_at=attempt.ended_at,
+    )  # fmt: skip
+    before = Job.objects.values().get(pk=job.pk)
+    assert job_finish(job_id=job.pk, status=stale) is False
+    assert Job.objects.values().get(pk=job.pk) == before
+    assert JobAttempt.objects.filter(job=job).count() == 1
+    assert ledger_errors() == []
+
+
+def test_a_cancel_during_the_grace_ends_the_job_cancelled_not_preempted(
+    member, climber, tenant, climate, catalog, partition, lent_out
+):
+    _p, jobs = lent_out
+    submit_admitted(climber, job_request(climate, partition, catalog, gpus=2, name="reclaim"))
+    (b1,) = refreshed(jobs["b1"])
+    assert b1.stop_at is not None
+    b1 = run(b1, started_at=whole_seconds_ago(H), backend_id=b1.backend_id)  # within its walltime
+    job_cancel(actor=member, job=b1)
+    b1 = end(b1, JobState.CANCELLED, ran_s=3000)  # recorded after the cancel: now
+    assert (b1.state, b1.attempt) == (JobState.CANCELLED, 1)  # what its submitter asked: no restart
+    assert not JobAttempt.objects.filter(job=b1).exclude(end_state=JobState.CANCELLED).exists()
+    assert ledger_errors() == []
+
+
+def test_a_stop_for_an_earlier_attempt_or_before_the_grace_is_out_stops_nothing(
+    member, climber, tenant, climate, catalog, partition, lent_out
+):
+    _p, jobs = lent_out
+    submit_admitted(climber, job_request(climate, partition, catalog, gpus=1, name="reclaim"))
+    (b3,) = refreshed(jobs["b3"])
+    assert b3.stop_at is not None and b3.stop_at > timezone.now()
+    job_stop(job_id=b3.pk)  # delivered early (a redelivery): its grace is not out
+    job_stop(job_id=b3.pk, attempt=b3.attempt + 1)  # another attempt's message
+    (b3,) = refreshed(b3)
+    assert b3.state == JobState.RUNNING  # no cancel was asked: the local cluster knows no local-4
+
+
+def test_the_limits_count_loans_made_after_the_pool_was_read(
+    member, tenant, climate, catalog, partition, pool
+):
+    """Two passes on partitions that one cohort covers both read the loans; the second counts
+    them again under the grants' locks, and does not lend past the lender's limit."""
+    p = pool(lender_gpus=4, lending_limit=1, borrowing_limit=4)
+    waiting = submit_admitted(
+        member, job_request(tenant, partition, catalog, gpus=2, preemptible=True, name="second")
+    )
+    first = Loan.objects.get(job=waiting)  # the one GPU climate may lend
+    # Read as the second pass would have, before that loan: now counted again
+    Loan.objects.filter(pk=first.pk).update(ended_at=None)
+    pool_ = lending_pool(partition, [waiting])
+    pool_.count_loans()
+    assert (pool_.lent[climate.pk], pool_.borrowed[tenant.pk]) == (1, 1)
+    assert pool_.lent_by_grant == {p.lender_grant.pk: 1}
+    another = Job(tenant=tenant, grant=p.borrower_grant, gpus=2, preemptible=True, share="whole")
+    grants = {g.pk: g for g in QuotaGrant.objects.all()}
+    assert pool_.borrow_plan(another, grants[p.borrower_grant.pk], grants) is None
+
+
+def test_a_lender_reclaims_what_it_lent_on_another_partition(
+    member, climber, tenant, climate, catalog, partition, pool
+):
+    """A cohort of one partition lends from a grant of the whole GPU model; the lender's job on
+    another partition of that model takes back its GPUs all the same."""
+    p = pool(lender_gpus=2, lending_limit=2, borrowing_limit=2)
+    other = PartitionFactory(cluster=partition.cluster, name="other", gpu_model=catalog[1])
+    p.cohort.partition = partition
+    p.cohort.save(update_fields=["partition"])
+    borrowed = submit_admitted(
+        member, job_request(tenant, partition, catalog, gpus=3, preemptible=True, name="borrowed")
+    )
+    assert borrowed.gpus_borrowed == 2
+    run(borrowed, started_at=whole_seconds_ago(H))
+    own = submit_admitted(climber, job_request(climate, other, catalog, gpus=1, name="own"))
+    assert (own.holds_gpus, own.reason) == (True, "")
+    (borrowed,) = refreshed(borrowed)
+    assert borrowed.stop_at is not None
+    assert Loan.objects.get(job=borrowed).reclaimed
     assert ledger_errors() == []
