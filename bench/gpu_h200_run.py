@@ -152,7 +152,7 @@ def main() -> None:
     import django
 
     django.setup()
-    from clusters.backends.local.backend import detect_gpus
+    from clusters.backends.local.devices import detect_gpus
     from clusters.backends.local.gpus import gpu_indexes_nvml, read_gpus
     from clusters.gpu_metrics import QUERY_GPU_ARGS
     from clusters.models import Cluster, Partition

@@ -244,7 +244,7 @@ class SlurmRestd:
 class SbatchOverSsh:
     """sbatch on the cluster's login node through the portal's pooled SSH connection and its
     sudoers rule, as the job identity, as the portal's Celery worker submits
-    (clusters/backends/slurm/backend.py), less its mkdir."""
+    (clusters/backends/slurm/submit.py), less its mkdir."""
 
     config: ClusterConfig
     account: str

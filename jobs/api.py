@@ -1,7 +1,5 @@
 """Jobs, their events and logs, templates and usage (docs/api.md, Jobs)."""
 
-from django.db.models import Case, CharField, F, Q, Value, When
-from django.db.models.functions import Cast
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -14,7 +12,7 @@ from rest_framework.views import APIView
 from clusters.selectors import catalog_names
 from clusters.shares import Share
 from jobs import services, stream
-from jobs.filters import JobFilter, LoanFilter, LoanRole
+from jobs.filters import JobFilter, LoanFilter
 from jobs.job_templates import TEMPLATES
 from jobs.models import Job, Loan
 from jobs.selectors import (
@@ -24,6 +22,7 @@ from jobs.selectors import (
     job_answers_visible_to,
     jobs_visible_to,
     lending_of,
+    loans_of,
     usage_of,
 )
 from jobs.serializers import (
@@ -47,7 +46,6 @@ from portal.core.conditional import ConditionalGet
 from portal.core.parsing import parsed
 from portal.core.renderers import JSONRenderer
 from portal.core.serializers import ID_LOOKUP
-from portal.core.staff import sees_all_tenants
 from tenants import roles
 from tenants.permissions import require
 from tenants.viewsets import ReadByMembers
@@ -267,23 +265,4 @@ class TenantLoanViewSet(mixins.ListModelMixin, ReadByMembers):
     filterset_class = LoanFilter
 
     def get_queryset(self):
-        tenant = self.tenant()  # 404 before a filter is read
-        lent = Q(lender_id=tenant.pk)
-        user = self.request.user
-        if user.is_staff and sees_all_tenants(user):
-            counterpart = Case(When(lent, then=F("borrower__slug")), default=F("lender__slug"))
-        else:
-            counterpart = Value(None, output_field=CharField())
-        return (
-            Loan.objects.filter(lent | Q(borrower_id=tenant.pk))
-            .select_related("cohort")
-            .only("id", "gpus", "started_at", "ended_at", "reclaimed", "job_id", "cohort__slug")
-            .annotate(
-                role=Case(When(lent, then=Value(LoanRole.LENT)), default=Value(LoanRole.BORROWED)),
-                job_shown=Case(
-                    When(lent, then=Value(None, output_field=CharField())),
-                    default=Cast("job_id", CharField()),
-                ),
-                counterpart=counterpart,
-            )
-        )
+        return loans_of(user=self.request.user, tenant=self.tenant())  # 404 before a filter is read

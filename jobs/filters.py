@@ -2,10 +2,9 @@ from datetime import UTC, datetime
 from functools import cache
 
 import django_filters
-from django.db import models
 from django.http import QueryDict
 
-from jobs.models import Job, JobState, Loan
+from jobs.models import Job, JobState, Loan, LoanRole
 from tenants.filters import StrictBooleanFilter
 
 
@@ -71,13 +70,6 @@ class JobFilter(SharedFilters):
 
 
 JobFilter._share()
-
-
-class LoanRole(models.TextChoices):
-    """A loan as its tenant sees it: GPUs it lent, or GPUs its job borrowed."""
-
-    LENT = "lent", "lent"
-    BORROWED = "borrowed", "borrowed"
 
 
 class LoanFilter(django_filters.FilterSet):

@@ -218,6 +218,13 @@ class JobAttempt(models.Model):
         return max(0, int((self.checkpoint_at - self.started_at).total_seconds() // 60))
 
 
+class LoanRole(models.TextChoices):
+    """A loan as one of its tenants sees it: GPUs it lent, or GPUs its job borrowed."""
+
+    LENT = "lent", "lent"
+    BORROWED = "borrowed", "borrowed"
+
+
 class Loan(models.Model):
     """GPUs of a lender's grant that a borrower's job holds (jobs/services/lending.py): taken at
     admission, given back when the job ends or its lender reclaims them (`reclaimed`)."""

@@ -1,12 +1,26 @@
 from datetime import date, datetime, timedelta
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Avg, Count, Exists, F, Max, OuterRef, Q, QuerySet, Sum
-from django.db.models.functions import TruncDate
+from django.db.models import (
+    Avg,
+    Case,
+    CharField,
+    Count,
+    Exists,
+    F,
+    Max,
+    OuterRef,
+    Q,
+    QuerySet,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.functions import Cast, TruncDate
 from django.utils import timezone
 
 from clusters.models import Cluster
-from jobs.models import Job, JobEvent, JobGpuSample, JobState, Loan
+from jobs.models import Job, JobEvent, JobGpuSample, JobState, Loan, LoanRole
 from jobs.states import ACTIVE_IN_SCHEDULER
 from portal.core.compiled import CompiledQuery
 from portal.core.staff import holds_staff_perm, sees_all_tenants
@@ -399,6 +413,29 @@ def lending_of(*, tenant: Tenant, days: int = 30, now: datetime | None = None) -
             for day, row in sorted(daily.items())
         ],
     }
+
+
+def loans_of(*, user: AbstractBaseUser, tenant: Tenant) -> QuerySet[Loan]:
+    """The tenant's loans, lent and borrowed, as its reader may see them (the caller has checked
+    that the user may read the tenant): the other tenant (`counterpart`) only to staff who see
+    every tenant, by their role; the borrowing job (`job_shown`) only to its own tenant."""
+    lent = Q(lender_id=tenant.pk)
+    if sees_all_tenants(user):
+        counterpart = Case(When(lent, then=F("borrower__slug")), default=F("lender__slug"))
+    else:
+        counterpart = Value(None, output_field=CharField())
+    return (
+        Loan.objects.filter(lent | Q(borrower_id=tenant.pk))
+        .select_related("cohort")
+        .only("id", "gpus", "started_at", "ended_at", "reclaimed", "job_id", "cohort__slug")
+        .annotate(
+            role=Case(When(lent, then=Value(LoanRole.LENT)), default=Value(LoanRole.BORROWED)),
+            job_shown=Case(
+                When(lent, then=Value(None, output_field=CharField())), default=Cast("job_id", CharField())
+            ),
+            counterpart=counterpart,
+        )
+    )
 
 
 def _hours_by_day(start: datetime, end: datetime, gpus: int):

@@ -15,8 +15,7 @@ from rest_framework import serializers
 from clusters.models import Cluster, GpuModel, Scenario
 from clusters.selectors import CatalogNames, catalog_names
 from clusters.shares import ShareKind
-from jobs.filters import LoanRole
-from jobs.models import Job, JobEvent, JobGpuSample, Loan, Priority, job_name_validator
+from jobs.models import Job, JobEvent, JobGpuSample, Loan, LoanRole, Priority, job_name_validator
 from jobs.selectors import API_JOB_DETAIL_FIELDS, JOB_ANSWER, LENDING_DAYS_MAX
 from jobs.services.submit import MAX_ENV
 from portal.core.serializers import NO_NUL, SlugRef, StrictBooleanField, StrictCharField, StrictIntegerField

@@ -447,10 +447,12 @@ class CohortAdmin(PlatformAdminChanges, admin.ModelAdmin):
                 self.message_user(request, exc.detail, messages.ERROR)
 
     def delete_model(self, request, obj):
-        # A cohort with loans on record is PROTECTed: the admin's confirmation page lists them
-        # and deletes nothing, so the service's Conflict is not reached from here.
-        cohorts.cohort_delete(actor=request.user, cohort=obj)
+        self.delete_queryset(request, [obj])
 
     def delete_queryset(self, request, queryset):
+        # Through the service, audited; a cohort with open loans stays (Conflict), said on the page.
         for cohort in queryset:
-            cohorts.cohort_delete(actor=request.user, cohort=cohort)
+            try:
+                cohorts.cohort_delete(actor=request.user, cohort=cohort)
+            except PortalError as exc:
+                self.message_user(request, exc.detail, messages.ERROR)

@@ -1,4 +1,4 @@
-"""Shared by the job template tests: parameter sets, a fake-tool harness, helpers."""
+"""Shared by the job template tests: parameter sets, a fake-tool harness, helpers, an OpenFOAM case."""
 
 import json
 import re
@@ -391,3 +391,30 @@ def invalid(
 
 
 SLURM_ENV = {"SLURM_JOB_NODELIST": "node-[a-c]", "SLURM_JOB_ID": "4242", "SLURM_CPUS_ON_NODE": "16"}
+
+
+# An OpenFOAM case for the openfoam template (tests/jobs/test_job_templates_simulation.py, _preemption.py).
+CONTROL_DICT = """FoamFile { version 2.0; format ascii; class dictionary; object controlDict; }
+application icoFoam;
+startFrom startTime;
+startTime 0;
+stopAt endTime;
+endTime 0.5;
+deltaT 0.005;
+writeControl timeStep;
+writeInterval 20;
+runTimeModifiable true;
+"""
+
+
+def openfoam_case(tmp_path: Path, *, with_dict: bool) -> tuple[Path, Path]:
+    bashrc = tmp_path / "openfoam" / "etc" / "bashrc"
+    bashrc.parent.mkdir(parents=True)
+    # Like the real one: reads unset variables and its last command may fail.
+    bashrc.write_text('export WM_PROJECT=OpenFOAM\n: "$FOAM_UNSET_THING"\nfalse\n')
+    case = tmp_path / "work" / "cases" / "cavity"
+    (case / "system").mkdir(parents=True)
+    (case / "system" / "controlDict").write_text(CONTROL_DICT)
+    if with_dict:
+        (case / "system" / "decomposeParDict").write_text("numberOfSubdomains 2;\nmethod hierarchical;\n")
+    return bashrc, case

@@ -1,7 +1,7 @@
-"""The lending services' tests (tests/jobs/test_lending_services.py): a cohort of two tenants and
+"""The lending services' tests (tests/jobs/test_lending_*.py): a cohort of two tenants and
 their grants, jobs submitted and admitted through the services, an attempt that ran for a given
 time and ended as the scheduler reports, the grants' ledger checked against the jobs and loans,
-and the tasks waiting in the broker."""
+the tasks waiting in the broker, times in whole seconds and objects read again."""
 
 import base64
 import json
@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.db.models import Sum
+from django.utils import timezone
 from kombu import Connection
 
 from clusters.backends.base import JobStatus
@@ -24,6 +25,8 @@ from tenants.models import Cohort, QuotaGrant, Tenant
 from tests.factories import CohortFactory, CohortMemberFactory, QuotaGrantFactory
 
 SCRIPT = "#!/bin/bash\ntrue\n"
+
+H = timedelta(hours=1)
 
 
 @dataclass
@@ -129,3 +132,13 @@ def sent_tasks() -> list[tuple[str, dict]]:
 def empty_broker_queue() -> None:
     with Connection(app.conf.broker_url) as broker:
         broker.default_channel.client.delete(app.conf.task_default_queue)
+
+
+def whole_seconds_ago(delta: timedelta) -> datetime:
+    return (timezone.now() - delta).replace(microsecond=0)
+
+
+def refreshed(*objects):
+    for obj in objects:
+        obj.refresh_from_db()
+    return objects

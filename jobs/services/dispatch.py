@@ -190,9 +190,9 @@ def jobs_claim(job_id: int, *, cluster_id: int, limit: int) -> list[Job]:
             held = grants_to_lock([job.pk for job in held_jobs], {job.grant_id for job in held_jobs})
             list(QuotaGrant.objects.select_for_update(no_key=True).filter(pk__in=held).order_by("pk"))
         for job in jobs:
-            if job.state == JobState.QUEUED and not job.holds_gpus:
-                continue  # its GPUs went back since the lease (a reclaim before its submission)
             if job.state == JobState.QUEUED:
+                if not job.holds_gpus:
+                    continue  # its GPUs went back since the lease (a reclaim before its submission)
                 if job_held_back(job, grant=grants[job.grant_id], today=today) and job_unadmit_if_held(job):
                     continue  # suspended or grant ended since admission: not submitted
                 events.append(moved_event(job, JobState.SUBMITTING))

@@ -21,7 +21,7 @@ from clusters.backends.base import (
     JobSpec,
     TenantLimits,
 )
-from clusters.backends.kubernetes import KubernetesBackend, manifests
+from clusters.backends.kubernetes import KubernetesBackend, rbac
 from tests.k8s_apiserver import FakeApiServer
 
 API_TOKEN = "fake-api-token-0123456789"
@@ -441,7 +441,7 @@ def test_the_cluster_role_covers_every_call(api):
     assert (
         api.objects("ClusterQueue") == [] and api.objects("LocalQueue")[0]["spec"]["clusterQueue"] == "portal"
     )
-    rules = manifests.cluster_role_manifest()["rules"]
+    rules = rbac.cluster_role_manifest()["rules"]
     allowed = {
         (group, resource, verb)
         for rule in rules

@@ -15,6 +15,18 @@ import pytest
 from clusters.backends.base import BackendError, TenantLimits
 from clusters.backends.kubernetes import KUBERNETES_VERSIONS
 from clusters.backends.kubernetes import manifests as m
+from clusters.backends.kubernetes.common import backend_id, job_name, parse_backend_id
+from clusters.backends.kubernetes.kueue import local_queue_manifest, workload_priority_class_manifests
+from clusters.backends.kubernetes.rbac import cluster_role_manifest
+from clusters.backends.kubernetes.tenant import (
+    limit_range_manifest,
+    namespace_manifest,
+    network_policy_manifest,
+    priority_class_manifests,
+    resource_quota_manifest,
+    scratch_claim_manifest,
+    tenant_manifests,
+)
 from tests.k8s_support import TOKEN, make_config, make_spec
 
 LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
@@ -36,11 +48,11 @@ def built_in_manifests() -> dict[str, dict]:
     plain, kueue = make_config(), make_config(uses_kueue=True)
     multi = make_spec(nodes=3)
     found = {
-        "namespace": m.namespace_manifest(LIMITS),
-        "resourcequota": m.resource_quota_manifest(LIMITS, plain),
-        "limitrange": m.limit_range_manifest(LIMITS),
-        "networkpolicy": m.network_policy_manifest(LIMITS),
-        "persistentvolumeclaim": m.scratch_claim_manifest(LIMITS, plain),
+        "namespace": namespace_manifest(LIMITS),
+        "resourcequota": resource_quota_manifest(LIMITS, plain),
+        "limitrange": limit_range_manifest(LIMITS),
+        "networkpolicy": network_policy_manifest(LIMITS),
+        "persistentvolumeclaim": scratch_claim_manifest(LIMITS, plain),
         "job-single": m.job_manifest(make_spec(), plain),
         "job-single-kueue": m.job_manifest(make_spec(), kueue),
         "job-indexed": m.job_manifest(multi, plain),
@@ -49,9 +61,9 @@ def built_in_manifests() -> dict[str, dict]:
             1
         ],
         "service-rendezvous-no-owner": m.job_manifests(multi, kueue)[1],
-        "clusterrole": m.cluster_role_manifest(),
+        "clusterrole": cluster_role_manifest(),
     }
-    for pc in m.priority_class_manifests():
+    for pc in priority_class_manifests():
         found[f"priorityclass-{pc['metadata']['name']}"] = pc
     return found
 
@@ -78,7 +90,7 @@ def test_manifest_is_valid_for_every_version(name, version):
 
 def test_tenant_manifests_are_all_checked():
     """Every object apply_tenant writes is either schema-validated above or a Kueue CRD below."""
-    kinds = [x["kind"] for x in m.tenant_manifests(LIMITS, make_config(uses_kueue=True))]
+    kinds = [x["kind"] for x in tenant_manifests(LIMITS, make_config(uses_kueue=True))]
     assert kinds == [
         *["PriorityClass"] * 5,  # the four tiers and portal-borrow
         *["WorkloadPriorityClass"] * 5,
@@ -89,12 +101,12 @@ def test_tenant_manifests_are_all_checked():
         "PersistentVolumeClaim",
         "LocalQueue",
     ]
-    plain = [x["kind"] for x in m.tenant_manifests(LIMITS, make_config())]
+    plain = [x["kind"] for x in tenant_manifests(LIMITS, make_config())]
     assert "LocalQueue" not in plain and "WorkloadPriorityClass" not in plain
-    no_scratch = [x["kind"] for x in m.tenant_manifests(LIMITS, make_config(k8s_scratch_gib=0))]
+    no_scratch = [x["kind"] for x in tenant_manifests(LIMITS, make_config(k8s_scratch_gib=0))]
     assert "PersistentVolumeClaim" not in no_scratch
     in_cohort = replace(LIMITS, cohort="h100-pool")
-    cohort_kinds = [x["kind"] for x in m.tenant_manifests(in_cohort, make_config(uses_kueue=True))]
+    cohort_kinds = [x["kind"] for x in tenant_manifests(in_cohort, make_config(uses_kueue=True))]
     assert cohort_kinds == [*kinds[:10], "ResourceFlavor", "ClusterQueue", *kinds[10:]]
     checked = {x["kind"] for x in MANIFESTS.values()}
     # the Kueue CRDs: by hand here and against their schemas in test_k8s_lending.py
@@ -119,7 +131,7 @@ def test_a_broken_manifest_is_refused_by_the_validator():
 
 
 def test_local_queue_shape():
-    lq = m.local_queue_manifest(LIMITS, make_config(uses_kueue=True, k8s_kueue_cluster_queue="gpu-pool"))
+    lq = local_queue_manifest(LIMITS, make_config(uses_kueue=True, k8s_kueue_cluster_queue="gpu-pool"))
     assert lq == {
         "apiVersion": "kueue.x-k8s.io/v1beta1",
         "kind": "LocalQueue",
@@ -131,11 +143,11 @@ def test_local_queue_shape():
         "spec": {"clusterQueue": "gpu-pool"},
     }
     with pytest.raises(BackendError):
-        m.local_queue_manifest(LIMITS, make_config(k8s_kueue_cluster_queue="Not A Name"))
+        local_queue_manifest(LIMITS, make_config(k8s_kueue_cluster_queue="Not A Name"))
 
 
 def test_workload_priority_classes_shape():
-    wpcs = m.workload_priority_class_manifests()
+    wpcs = workload_priority_class_manifests()
     assert [w["metadata"]["name"] for w in wpcs] == [
         "portal-low",
         "portal-normal",
@@ -149,7 +161,7 @@ def test_workload_priority_classes_shape():
         assert isinstance(wpc["value"], int) and DNS_LABEL.fullmatch(wpc["metadata"]["name"])
     values = [w["value"] for w in wpcs]
     assert values[:4] == sorted(values[:4]) and values[4] < values[0]  # jobs on borrowed GPUs lowest
-    assert values == [pc["value"] for pc in m.priority_class_manifests()]
+    assert values == [pc["value"] for pc in priority_class_manifests()]
 
 
 # ------------------------------------------------------------------- tenant --
@@ -170,9 +182,7 @@ def test_resource_quota_from_grants():
         "requests.nvidia.com/gpu": "8",
         "count/jobs.batch": "500",
     }
-    none = m.resource_quota_manifest(
-        replace(LIMITS, k8s_resources={}), make_config(k8s_max_jobs_per_tenant=20)
-    )
+    none = resource_quota_manifest(replace(LIMITS, k8s_resources={}), make_config(k8s_max_jobs_per_tenant=20))
     assert set(none["spec"]["hard"].values()) == {"0", "20"}
 
 
@@ -212,16 +222,16 @@ def test_network_policy_denies_other_namespaces():
 @pytest.mark.parametrize("account", ["default", "kube-system", "Bad_Name", "a" * 64, "", "-x"])
 def test_reserved_or_invalid_namespaces_are_refused(account):
     with pytest.raises(BackendError):
-        m.namespace_manifest(replace(LIMITS, account=account))
+        namespace_manifest(replace(LIMITS, account=account))
 
 
 def test_unknown_tier_and_bad_resource_are_refused():
     with pytest.raises(BackendError):
-        m.tenant_manifests(replace(LIMITS, qos="portal-gold"), make_config())
+        tenant_manifests(replace(LIMITS, qos="portal-gold"), make_config())
     with pytest.raises(BackendError):
-        m.resource_quota_manifest(replace(LIMITS, k8s_resources={"gpu; rm -rf /": 1}), make_config())
+        resource_quota_manifest(replace(LIMITS, k8s_resources={"gpu; rm -rf /": 1}), make_config())
     with pytest.raises(BackendError):
-        m.resource_quota_manifest(replace(LIMITS, k8s_resources={"nvidia.com/gpu": -1}), make_config())
+        resource_quota_manifest(replace(LIMITS, k8s_resources={"nvidia.com/gpu": -1}), make_config())
 
 
 # ---------------------------------------------------------------------- job --
@@ -257,14 +267,14 @@ def test_names_come_from_the_token():
     job = MANIFESTS["job-single"]
     assert job["metadata"]["name"] == f"pj-{TOKEN}" and DNS_LABEL.fullmatch(job["metadata"]["name"])
     assert job["metadata"]["namespace"] == "protein-lab"
-    assert m.backend_id("protein-lab", f"pj-{TOKEN}") == f"protein-lab/pj-{TOKEN}"
-    assert m.parse_backend_id(f"protein-lab/pj-{TOKEN}") == ("protein-lab", f"pj-{TOKEN}")
+    assert backend_id("protein-lab", f"pj-{TOKEN}") == f"protein-lab/pj-{TOKEN}"
+    assert parse_backend_id(f"protein-lab/pj-{TOKEN}") == ("protein-lab", f"pj-{TOKEN}")
     for bad in ["12345", "protein-lab/other", "kube-system/pj-abc", "a/b/pj-x", f"protein-lab/pj-{TOKEN}/x"]:
         with pytest.raises(BackendError):
-            m.parse_backend_id(bad)
+            parse_backend_id(bad)
     for bad in ["", "ABC", "a-b", "x" * 41, "../x"]:
         with pytest.raises(BackendError):
-            m.job_name(bad)
+            job_name(bad)
 
 
 def test_labels_on_job_and_pods():

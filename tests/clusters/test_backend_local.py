@@ -11,7 +11,7 @@ import pytest
 
 from clusters.backends.base import BackendError, ClusterConfig, JobRef, JobState, TenantLimits
 from clusters.backends.local import LocalBackend
-from clusters.backends.local.backend import detect_gpus, parse_nvidia_smi_list
+from clusters.backends.local.devices import detect_gpus, parse_nvidia_smi_list
 from tests.conftest import ROOT
 from tests.local_support import (
     SLEEPER,

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from clusters.backends.base import GpuSample
-from clusters.backends.local.backend import parse_nvidia_smi_list
+from clusters.backends.local.devices import parse_nvidia_smi_list
 from clusters.backends.local.gpus import nvml_reading
 from clusters.gpu_metrics import (
     COMPUTE_APPS_FIELDS,

@@ -28,6 +28,19 @@ from clusters.backends import backend_for, base
 from clusters.backends.base import BackendError, ClusterConfig, JobRef, JobSpec, TenantLimits
 from clusters.backends.kubernetes import KUBERNETES_VERSIONS, KubernetesBackend
 from clusters.backends.kubernetes import manifests as m
+from clusters.backends.kubernetes.kueue import (
+    KUEUE_GROUP,
+    KUEUE_VERSION,
+    cluster_queue_manifest,
+    local_queue_manifest,
+    resource_flavor_manifest,
+    workload_priority_class_manifests,
+)
+from clusters.backends.kubernetes.tenant import (
+    priority_class_manifests,
+    scratch_claim_manifest,
+    tenant_manifests,
+)
 from tests.k8s_apiserver import FakeApiServer
 from tests.k8s_support import kueue_errors, make_config, make_spec
 
@@ -54,12 +67,12 @@ def lending_manifests() -> dict[str, dict]:
         "job-preemptible-indexed": m.job_manifest(make_spec(nodes=3, **PREEMPTIBLE), plain),
         "job-borrowing": m.job_manifest(make_spec(borrowing=True, **PREEMPTIBLE), kueue),
         "job-preemptible-no-checkpoint": m.job_manifest(make_spec(preemptible=True, grace_s=0), plain),
-        "persistentvolumeclaim": m.scratch_claim_manifest(LIMITS, plain),
-        "persistentvolumeclaim-class": m.scratch_claim_manifest(
+        "persistentvolumeclaim": scratch_claim_manifest(LIMITS, plain),
+        "persistentvolumeclaim-class": scratch_claim_manifest(
             LIMITS, make_config(k8s_scratch_gib=2048, k8s_scratch_storage_class="cephfs.csi.ceph.com")
         ),
     }
-    (borrow,) = [pc for pc in m.priority_class_manifests() if pc["metadata"]["name"] == "portal-borrow"]
+    (borrow,) = [pc for pc in priority_class_manifests() if pc["metadata"]["name"] == "portal-borrow"]
     return found | {"priorityclass-portal-borrow": borrow}
 
 
@@ -93,13 +106,13 @@ def kueue_objects() -> dict[str, dict]:
         LIMITS, k8s_resources={"nvidia.com/gpu": 3, "cambricon.com/vmlu": 2, "hygon.com/dcunum": 1}
     )
     return {
-        "clusterqueue": m.cluster_queue_manifest(LIMITS),
-        "clusterqueue-slices": m.cluster_queue_manifest(slices),
-        "clusterqueue-nothing-granted": m.cluster_queue_manifest(replace(LIMITS, k8s_resources={})),
-        "resourceflavor": m.resource_flavor_manifest(),
-        "localqueue-cohort": m.local_queue_manifest(LIMITS, kueue),
-        "localqueue-shared": m.local_queue_manifest(replace(LIMITS, cohort=""), kueue),
-        **{f"wpc-{w['metadata']['name']}": w for w in m.workload_priority_class_manifests()},
+        "clusterqueue": cluster_queue_manifest(LIMITS),
+        "clusterqueue-slices": cluster_queue_manifest(slices),
+        "clusterqueue-nothing-granted": cluster_queue_manifest(replace(LIMITS, k8s_resources={})),
+        "resourceflavor": resource_flavor_manifest(),
+        "localqueue-cohort": local_queue_manifest(LIMITS, kueue),
+        "localqueue-shared": local_queue_manifest(replace(LIMITS, cohort=""), kueue),
+        **{f"wpc-{w['metadata']['name']}": w for w in workload_priority_class_manifests()},
     }
 
 
@@ -110,7 +123,7 @@ def test_kueue_object_is_valid_for_its_crd(name, manifest):
 
 def test_the_kueue_check_catches_what_kueue_refuses():
     """The CRD check above can fail: each of these is refused by Kueue's API server."""
-    good = m.cluster_queue_manifest(LIMITS)
+    good = cluster_queue_manifest(LIMITS)
 
     def broken(change: Callable[[dict], None]) -> list[str]:
         manifest = copy.deepcopy(good)
@@ -138,16 +151,16 @@ def test_the_kueue_check_catches_what_kueue_refuses():
     assert broken(lambda x: x["spec"].pop("cohort"))  # limits without a cohort
     assert broken(lambda x: x["spec"]["resourceGroups"].append(copy.deepcopy(at(x, *group))))
     assert broken(lambda x: x["metadata"].update(name="Portal_Protein"))
-    lq = m.local_queue_manifest(LIMITS, make_config(uses_kueue=True))
+    lq = local_queue_manifest(LIMITS, make_config(uses_kueue=True))
     assert kueue_errors(lq | {"metadata": {"name": "portal"}})  # a LocalQueue is namespaced
 
 
 def test_tenant_manifests_with_a_cohort_are_all_checked():
     """Every object apply_tenant writes for a tenant in a cohort: schema-validated, here or in
     test_backend_kubernetes_manifests.py, or one of Kueue's checked above."""
-    written = m.tenant_manifests(LIMITS, make_config(uses_kueue=True))
+    written = tenant_manifests(LIMITS, make_config(uses_kueue=True))
     for manifest in written:
-        if manifest["apiVersion"].startswith(m.KUEUE_GROUP):
+        if manifest["apiVersion"].startswith(KUEUE_GROUP):
             assert kueue_errors(manifest) == [], manifest["kind"]
         else:
             assert kubernetes_validate.validate(manifest, KUBERNETES_VERSIONS[-1], strict=True)
@@ -215,7 +228,7 @@ def test_a_job_on_borrowed_gpus_has_the_lowest_priority():
     job = MANIFESTS["job-borrowing"]
     assert pod_spec(job)["priorityClassName"] == "portal-borrow"
     assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "portal-borrow"
-    values = {pc["metadata"]["name"]: pc for pc in m.priority_class_manifests()}
+    values = {pc["metadata"]["name"]: pc for pc in priority_class_manifests()}
     assert values["portal-borrow"]["value"] < min(
         v["value"] for k, v in values.items() if k != "portal-borrow"
     )
@@ -279,11 +292,11 @@ def test_scratch_claim_shape():
         {"k8s_scratch_gib": True},
     ):
         with pytest.raises(BackendError):
-            m.tenant_manifests(LIMITS, make_config(**bad))
+            tenant_manifests(LIMITS, make_config(**bad))
 
 
 def test_cluster_queue_shape():
-    queue = m.cluster_queue_manifest(replace(LIMITS, k8s_lending={"nvidia.com/gpu": 12}))
+    queue = cluster_queue_manifest(replace(LIMITS, k8s_lending={"nvidia.com/gpu": 12}))
     assert queue["metadata"] == {
         "name": "portal-protein-lab",
         "labels": {"app.kubernetes.io/managed-by": "gpu-portal", "gpu-portal/tenant": "protein-lab"},
@@ -298,7 +311,7 @@ def test_cluster_queue_shape():
     }
     (group,) = spec["resourceGroups"]
     (flavor,) = group["flavors"]
-    assert flavor["name"] == "gpu-portal" == m.resource_flavor_manifest()["metadata"]["name"]
+    assert flavor["name"] == "gpu-portal" == resource_flavor_manifest()["metadata"]["name"]
     quotas = {
         q["name"]: (q["nominalQuota"], q["lendingLimit"], q["borrowingLimit"]) for q in flavor["resources"]
     }
@@ -316,9 +329,9 @@ def test_cluster_queue_shape():
 
 def test_the_local_queue_feeds_the_tenants_cluster_queue_in_a_cohort():
     kueue = make_config(uses_kueue=True, k8s_kueue_cluster_queue="gpu-pool")
-    assert m.local_queue_manifest(LIMITS, kueue)["spec"] == {"clusterQueue": "portal-protein-lab"}
-    assert m.local_queue_manifest(replace(LIMITS, cohort=""), kueue)["spec"] == {"clusterQueue": "gpu-pool"}
-    plain = [x["kind"] for x in m.tenant_manifests(LIMITS, make_config())]  # no Kueue: no queue at all
+    assert local_queue_manifest(LIMITS, kueue)["spec"] == {"clusterQueue": "portal-protein-lab"}
+    assert local_queue_manifest(replace(LIMITS, cohort=""), kueue)["spec"] == {"clusterQueue": "gpu-pool"}
+    plain = [x["kind"] for x in tenant_manifests(LIMITS, make_config())]  # no Kueue: no queue at all
     assert not {"ClusterQueue", "ResourceFlavor", "LocalQueue"} & set(plain)
 
 
@@ -336,7 +349,7 @@ def test_the_local_queue_feeds_the_tenants_cluster_queue_in_a_cohort():
 )
 def test_bad_cohort_limits_are_refused(overrides):
     with pytest.raises(BackendError):
-        m.tenant_manifests(replace(LIMITS, **overrides), make_config(uses_kueue=True))
+        tenant_manifests(replace(LIMITS, **overrides), make_config(uses_kueue=True))
 
 
 resources = st.sampled_from(
@@ -349,7 +362,7 @@ counts = st.dictionaries(resources, st.integers(0, 64), max_size=5)
 @given(granted=counts, lending=counts, borrowing=counts)
 def test_any_grants_and_limits_give_a_cluster_queue_kueue_accepts(granted, lending, borrowing):
     limits = replace(LIMITS, k8s_resources=granted, k8s_lending=lending, k8s_borrowing=borrowing)
-    queue = m.cluster_queue_manifest(limits)
+    queue = cluster_queue_manifest(limits)
     assert kueue_errors(queue) == []
     (flavor,) = queue["spec"]["resourceGroups"][0]["flavors"]
     for quota in flavor["resources"]:
@@ -553,7 +566,7 @@ def test_apply_tenant_with_a_cohort_writes_its_cluster_queue_with_the_limits(api
 
 def test_a_cluster_queue_the_portal_did_not_make_is_left_alone(api):
     backend = cluster(api, uses_kueue=True)
-    path = f"/apis/{m.KUEUE_GROUP}/{m.KUEUE_VERSION}/clusterqueues"
+    path = f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/clusterqueues"
     admins = {"metadata": {"name": "portal-protein-lab"}, "spec": {"cohort": "theirs"}}
     backend.api.request("create", "POST", path, body=admins)
     backend.apply_tenant(tenant())  # in no cohort: a ClusterQueue of its name that is not the portal's stays

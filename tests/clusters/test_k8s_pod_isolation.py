@@ -22,6 +22,8 @@ from hypothesis import strategies as st
 from clusters.backends.base import BackendError, TenantLimits
 from clusters.backends.kubernetes import KUBERNETES_VERSIONS
 from clusters.backends.kubernetes import manifests as m
+from clusters.backends.kubernetes.common import TIERS, check_namespace
+from clusters.backends.kubernetes.tenant import tenant_manifests
 from tests.k8s_support import make_config, make_spec
 
 INJECTIONS = [
@@ -62,7 +64,7 @@ hostile_text = st.one_of(st.sampled_from(INJECTIONS), st.text(max_size=80))
 CHECKED = {
     "token": st.one_of(st.sampled_from(["../x", "Pj-1", "a" * 41, "a/b", ""]), st.text(max_size=45)),
     "account": st.one_of(st.sampled_from(ACCOUNTS), st.from_regex(r"[a-z0-9-]{1,20}", fullmatch=True)),
-    "qos": st.sampled_from([*m.TIERS, "system-cluster-critical", "", "portal-high\n"]),
+    "qos": st.sampled_from([*TIERS, "system-cluster-critical", "", "portal-high\n"]),
     "k8s_resource": st.sampled_from(["amd.com/gpu", "hostPath", "../x", "nvidia.com/gpu\n"]),
     "k8s_product": hostile_text,
     "gpus_per_node": st.integers(-2, 9),
@@ -143,7 +145,7 @@ def walk(node: Any, path: str = "") -> Iterator[tuple[str, str, Any]]:
 
 
 def assert_isolated(manifests: list[dict], account: str) -> None:
-    assert m.check_namespace(account) == account  # refused before this point otherwise
+    assert check_namespace(account) == account  # refused before this point otherwise
     for manifest in manifests:
         for path, key, value in walk(manifest):
             if key == "namespace":
@@ -199,13 +201,11 @@ def test_no_job_input_gets_a_pod_out_of_its_namespace_or_onto_the_host(fields, c
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    account=st.one_of(st.sampled_from(ACCOUNTS), st.text(max_size=70)), qos=st.sampled_from([*m.TIERS, "x"])
-)
+@given(account=st.one_of(st.sampled_from(ACCOUNTS), st.text(max_size=70)), qos=st.sampled_from([*TIERS, "x"]))
 def test_no_tenant_input_names_another_namespace_or_lifts_pod_security(account, qos):
     limits = TenantLimits(account=account, qos=qos, users=[], gpus_by_type={}, gpu_minutes=0)
     try:
-        manifests = m.tenant_manifests(limits, make_config(uses_kueue=True))
+        manifests = tenant_manifests(limits, make_config(uses_kueue=True))
     except BackendError:
         return
     namespaced = [x for x in manifests if x["kind"] not in {"PriorityClass", "WorkloadPriorityClass"}]

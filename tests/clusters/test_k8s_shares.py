@@ -26,6 +26,8 @@ from clusters.backends import backend_for, base
 from clusters.backends.base import BackendError, JobSpec, TenantLimits
 from clusters.backends.kubernetes import KUBERNETES_VERSIONS, KubernetesBackend
 from clusters.backends.kubernetes import manifests as m
+from clusters.backends.kubernetes.common import check_resource
+from clusters.backends.kubernetes.tenant import keep_revoked, limit_range_manifest, resource_quota_manifest
 from tests.k8s_apiserver import FakeApiServer
 from tests.k8s_support import make_config, make_spec
 
@@ -296,7 +298,7 @@ def test_no_share_input_gets_past_the_checks(spec):
     devices = extended(container(job)["resources"]["limits"])
     assert devices == extended(container(job)["resources"]["requests"])
     for name, quantity in devices.items():
-        assert m.check_resource(name) == name and quantity.isdigit() and int(quantity) >= 1
+        assert check_resource(name) == name and quantity.isdigit() and int(quantity) >= 1
     pod = job["spec"]["template"]["spec"]
     assert pod.get("schedulerName", shares.HAMI_SCHEDULER) == shares.HAMI_SCHEDULER
     assert without_devices(job) == without_devices(m.job_manifest(as_whole(spec), make_config()))
@@ -333,7 +335,7 @@ LIMITS = TenantLimits(
 
 
 def test_the_quota_bounds_every_granted_share_and_keeps_the_known_devices_at_zero():
-    hard = m.resource_quota_manifest(LIMITS, make_config())["spec"]["hard"]
+    hard = resource_quota_manifest(LIMITS, make_config())["spec"]["hard"]
     assert hard == {
         "requests.amd.com/gpu": "0",  # no grant: none
         "requests.cambricon.com/mlu": "0",
@@ -346,7 +348,7 @@ def test_the_quota_bounds_every_granted_share_and_keeps_the_known_devices_at_zer
         "count/jobs.batch": "500",
     }
     assert not any(key.startswith("limits.") for key in hard)  # extended resources: requests. only
-    (item,) = m.limit_range_manifest(LIMITS)["spec"]["limits"]
+    (item,) = limit_range_manifest(LIMITS)["spec"]["limits"]
     granted = {
         key.removeprefix("requests."): value for key, value in hard.items() if key.startswith("requests.")
     }
@@ -357,7 +359,7 @@ def test_the_quota_bounds_every_granted_share_and_keeps_the_known_devices_at_zer
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_quota_and_limit_range_of_shares_are_valid_for_every_version(version):
-    for manifest in (m.resource_quota_manifest(LIMITS, make_config()), m.limit_range_manifest(LIMITS)):
+    for manifest in (resource_quota_manifest(LIMITS, make_config()), limit_range_manifest(LIMITS)):
         assert kubernetes_validate.validate(manifest, version, strict=True) == version
 
 
@@ -381,22 +383,22 @@ def test_what_a_pod_asks_for_is_what_the_quota_counts(case):
 def test_an_ended_grant_leaves_a_zero_not_a_gap():
     before = replace(LIMITS, k8s_resources={"nvidia.com/mig-3g.71gb": 2, "cambricon.com/vmlu": 1})
     after = replace(LIMITS, k8s_resources={"nvidia.com/gpu": 4})
-    current_quota = m.resource_quota_manifest(before, make_config())
+    current_quota = resource_quota_manifest(before, make_config())
     current_quota["spec"]["hard"]["requests.cpu"] = "64"  # not an accelerator: not kept
-    quota = m.keep_revoked(m.resource_quota_manifest(after, make_config()), current_quota)
+    quota = keep_revoked(resource_quota_manifest(after, make_config()), current_quota)
     assert quota["spec"]["hard"]["requests.nvidia.com/mig-3g.71gb"] == "0"
     assert quota["spec"]["hard"]["requests.cambricon.com/vmlu"] == "0"
     assert (
         quota["spec"]["hard"]["requests.nvidia.com/gpu"] == "4"
         and "requests.cpu" not in quota["spec"]["hard"]
     )
-    limit_range = m.keep_revoked(m.limit_range_manifest(after), m.limit_range_manifest(before))
+    limit_range = keep_revoked(limit_range_manifest(after), limit_range_manifest(before))
     (item,) = limit_range["spec"]["limits"]
     for field in ("max", "default", "defaultRequest"):
         assert item[field]["nvidia.com/mig-3g.71gb"] == item[field]["cambricon.com/vmlu"] == "0"
     assert item["max"]["nvidia.com/gpu"] == "4"
-    same = m.resource_quota_manifest(after, make_config())
-    assert m.keep_revoked(same, same) == same  # nothing ended: nothing added
+    same = resource_quota_manifest(after, make_config())
+    assert keep_revoked(same, same) == same  # nothing ended: nothing added
     for manifest in (quota, limit_range):
         assert kubernetes_validate.validate(manifest, KUBERNETES_VERSIONS[-1], strict=True)
 

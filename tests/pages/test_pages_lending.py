@@ -408,3 +408,15 @@ def test_a_platform_admin_makes_a_cohort_with_a_member_and_reads_the_loans_in_ch
     member = CohortMember.objects.get(cohort__slug="a100-pool")
     assert (member.tenant, member.lending_limit, member.borrowing_limit) == (tenant, 3, 1)
     assert {"cohort.create", "cohort.member.set"} <= set(AuditEvent.objects.values_list("action", flat=True))
+
+
+def test_a_platform_admin_deletes_a_cohort_once_its_loans_have_ended(client, admin_user, loans, cohort):
+    client.force_login(admin_user)
+    client.cookies[settings.LANGUAGE_COOKIE_NAME] = "en"
+    kept = client.post(f"/admin/tenants/cohort/{cohort.pk}/delete/", {"post": "yes"}, follow=True)
+    assert kept.status_code == 200 and "has open loans" in kept.content.decode()  # said, not a 500
+    assert Cohort.objects.filter(pk=cohort.pk).exists()
+    Loan.objects.filter(pk=loans.pk).update(ended_at=timezone.now())
+    assert client.post(f"/admin/tenants/cohort/{cohort.pk}/delete/", {"post": "yes"}).status_code == 302
+    assert not Cohort.objects.filter(pk=cohort.pk).exists()
+    assert Loan.objects.filter(cohort__isnull=True).count() == 2  # the record stays

@@ -40,28 +40,27 @@ from clusters.backends.base import (
 )
 from clusters.backends.kubernetes import states
 from clusters.backends.kubernetes.client import Api, api_client
-from clusters.backends.kubernetes.manifests import (
-    COMPLETION_INDEX_KEY,
-    CONTAINER,
+from clusters.backends.kubernetes.common import (
     GPU_RESOURCES,
     JOB_PREFIX,
-    KUEUE_GROUP,
-    KUEUE_VERSION,
-    LABEL_TOKEN,
     MANAGED_BY,
     MANAGED_BY_KEY,
     MANAGED_SELECTOR,
     backend_id,
     check_namespace,
     check_token,
-    cluster_queue_name,
-    job_manifest,
     job_name,
-    keep_revoked,
     parse_backend_id,
-    rendezvous_service_manifest,
-    tenant_manifests,
 )
+from clusters.backends.kubernetes.kueue import KUEUE_GROUP, KUEUE_VERSION, cluster_queue_name
+from clusters.backends.kubernetes.manifests import (
+    COMPLETION_INDEX_KEY,
+    CONTAINER,
+    LABEL_TOKEN,
+    job_manifest,
+    rendezvous_service_manifest,
+)
+from clusters.backends.kubernetes.tenant import keep_revoked, tenant_manifests
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,8 @@ from datetime import datetime
 
 from clusters.backends import base
 from clusters.backends.base import JobStatus
-from clusters.backends.kubernetes.manifests import CONTAINER, backend_id
+from clusters.backends.kubernetes.common import backend_id
+from clusters.backends.kubernetes.manifests import CONTAINER
 
 NODE_FAIL_DISRUPTIONS = frozenset({"DeletionByTaintManager", "DeletionByPodGC"})
 NODE_FAIL_REASONS = frozenset({"NodeLost", "NodeAffinity", "NodeShutdown"})

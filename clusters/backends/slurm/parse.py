@@ -182,6 +182,16 @@ def tres(text: str) -> dict[str, str]:
     return {name: value for name, _eq, value in pairs}
 
 
+def split_rows(stdout: str, fields: int) -> list[list[str]]:
+    """Lines of "|"-separated fields; the last field takes any further "|"."""
+    rows = []
+    for line in stdout.splitlines():
+        if line.strip():
+            row = line.split("|", fields - 1)
+            rows.append(row + [""] * (fields - len(row)))
+    return rows
+
+
 # --- Batched submission: one SSH exec runs sbatch once per job (SlurmBackend.submit_many).
 #
 # The remote command is this fixed script (`sh -c SBATCH_BATCH_SH`), run by the portal's service

@@ -22,7 +22,16 @@ comes back whole, and no name is ever an argument of a command.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from clusters.backends import base
 from clusters.backends.base import PurgeReport
+from clusters.backends.slurm import ssh
+from clusters.backends.slurm.parse import check_count, check_name
+
+if TYPE_CHECKING:
+    from clusters.backends.slurm.backend import SlurmBackend
 
 MINUTES_PER_DAY = 1440
 # The job output files sbatch writes beside the tenant's scratch (<account>/<token>.out): job
@@ -132,3 +141,28 @@ def old_logs_argv(directories: list[str], *, older_than_minutes: int, dry_run: b
         "find", "-P", *directories, "-mindepth", "1", "-maxdepth", "1", "-xdev", "-type", "f",
         "-name", JOB_LOG_GLOB, "-mmin", f"+{older_than_minutes}", *delete, "-printf", r"%p\0",
     ]  # fmt: skip
+
+
+def purge_scratch(
+    backend: SlurmBackend, account: str, *, older_than_days: int, dry_run: bool, users: tuple[str, ...] = ()
+) -> PurgeReport:
+    """Per identity of the account, one find under <scratch root>/<identity>/<account>, run
+    as that identity, that lists and deletes in the same walk (this module says what it
+    deletes and refuses, and why no second command touches a path): the purge can delete
+    nothing the tenant's own jobs could not. A directory not made yet has nothing to purge."""
+    days = check_count(older_than_days, "purge age in days")
+    check_name(account, "account")
+    reports: list[tuple[str, PurgeReport]] = []
+    for user in sorted(set(users)):
+        directory = backend.job_dir(account, user)
+        result = backend.run(
+            backend.as_identity(user, purge_argv(directory, older_than_days=days, dry_run=dry_run)),
+            timeout_s=max(backend.command_timeout_s, base.PURGE_TIMEOUT_S),
+        )
+        report = parse_report(result.stdout, dry_run=dry_run)
+        if result.rc != 0 and not (not result.stdout and "No such file or directory" in result.stderr):
+            if result.rc != 1:  # 1: find went on past an entry it could not read or delete
+                raise ssh.failure(replace(result, argv=["find"]))
+            report = with_errors(report, result.stderr)
+        reports.append((user, report))
+    return merged(reports, dry_run=dry_run)
