@@ -81,6 +81,9 @@ class Job(models.Model):
     )
     walltime_minutes = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
+    # The tenant's tier when the job was submitted: its prices' multiplier (billing/pricing.py)
+    # and the reports' tier, whatever the tenant's tier becomes later.
+    tier = models.CharField(max_length=16, choices=Tier.choices, default=Tier.NORMAL, db_default=Tier.NORMAL)
     cpus_per_gpu = models.PositiveSmallIntegerField()
     mem_per_gpu_mb = models.PositiveIntegerField()
     env = models.JSONField(default=dict, blank=True)

@@ -421,6 +421,7 @@ def _job_insert(*, user: AbstractBaseUser, request: JobRequest, idempotency: _Id
         device_fraction=fraction,
         walltime_minutes=request.walltime_minutes,
         priority=_priority(request),
+        tier=request.tenant.tier,
         cpus_per_gpu=cpus,
         mem_per_gpu_mb=mem,
         env={**request.scenario.env, **request.env},

@@ -1,6 +1,7 @@
 """The structure docs/architecture.md describes, held: imports point one way (no module of
 portal/core imports an app, clusters imports neither tenants nor jobs, tenants does not import
-jobs, no app below monitoring imports it), jobs/services has no cycle and admission sits at its
+billing or jobs, billing does not import jobs, nothing imports reports, no app below monitoring
+imports it), jobs/services has no cycle and admission sits at its
 bottom (on lending, which stands on common alone), and no module uses another module's
 underscore name."""
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("portal", "clusters", "tenants", "jobs", "monitoring", "identity", "webhooks")
+APPS = ("portal", "clusters", "tenants", "billing", "jobs", "reports", "monitoring", "identity", "webhooks")
 CODE = (*APPS, "bench", "scripts", "tests")
 
 
@@ -65,12 +66,14 @@ def test_portal_core_imports_no_app():
 @pytest.mark.parametrize(
     ("app", "above"),
     [
-        ("clusters", ("tenants", "jobs", "monitoring", "identity", "webhooks")),
-        ("tenants", ("jobs", "monitoring", "identity", "webhooks")),
-        ("jobs", ("monitoring", "identity", "webhooks")),
-        ("monitoring", ("identity", "webhooks")),
-        ("identity", ("jobs", "monitoring", "webhooks")),
-        ("webhooks", ("identity",)),
+        ("clusters", ("tenants", "billing", "jobs", "reports", "monitoring", "identity", "webhooks")),
+        ("tenants", ("billing", "jobs", "reports", "monitoring", "identity", "webhooks")),
+        ("billing", ("jobs", "reports", "monitoring", "identity", "webhooks")),
+        ("jobs", ("reports", "monitoring", "identity", "webhooks")),
+        ("reports", ("monitoring", "identity", "webhooks")),
+        ("monitoring", ("reports", "identity", "webhooks")),
+        ("identity", ("billing", "jobs", "reports", "monitoring", "webhooks")),
+        ("webhooks", ("identity", "reports")),
     ],
 )
 def test_an_app_imports_no_app_above_it(app, above):

@@ -1,0 +1,1 @@
+"""What GPU time costs: the price list, tier multipliers and budgets (docs/cost-model.md)."""
