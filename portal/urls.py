@@ -16,6 +16,8 @@ from monitoring.urls import api_urlpatterns as monitoring_api_urls
 from portal.core import accounts, converters, errors, token_pages
 from portal.core import api as core_api
 from portal.core import views as core_views
+from reports.urls import api_urlpatterns as reports_api
+from reports.urls import pages as reports_pages
 from tenants import views as tenants_views
 from tenants.urls import api_urlpatterns as tenants_api
 from webhooks import views as webhooks_views
@@ -32,6 +34,7 @@ api_v1 = [
     *tenants_api,
     *clusters_api,
     *jobs_api,
+    *reports_api,
     *monitoring_api_urls,
     *identity_api,
     *webhooks_api,
@@ -79,6 +82,7 @@ pages = [
     path(
         "t/<tslug:slug>/team/<username:username>/remove/", tenants_views.member_remove, name="member-remove"
     ),
+    *reports_pages,
 ]
 
 urlpatterns = [

@@ -1,0 +1,5 @@
+"""The price list, tier multipliers and budgets in the console."""
+
+# --- Prices
+
+# --- Budgets
