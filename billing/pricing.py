@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 
+from django.db.models import IntegerField, Value
 from django.utils import timezone
 
 from billing.models import Price, TierMultiplier
@@ -82,19 +83,37 @@ class PriceBook:
     times. A share kind without a price of its own pays its model's whole-device price per
     device-GPU-hour; a model without any price costs nothing (the price list page says so)."""
 
-    def __init__(self, prices: Iterable[Price], multipliers: Iterable[TierMultiplier]):
+    def __init__(self, prices: Iterable[tuple], multipliers: Iterable[tuple]):
+        """prices: (gpu_model_id, share, effective_from, per_gpu_hour); multipliers: (tier,
+        effective_from, multiplier)."""
         by_key: dict[tuple[int, str], list] = defaultdict(list)
-        for price in prices:
-            by_key[(price.gpu_model_id, price.share)].append((price.effective_from, price.per_gpu_hour))
+        for gpu_model_id, share, since, value in prices:
+            by_key[(gpu_model_id, share)].append((since, value))
         self.prices = {key: _Timeline(rows) for key, rows in by_key.items()}
         by_tier: dict[str, list] = defaultdict(list)
-        for row in multipliers:
-            by_tier[row.tier].append((row.effective_from, row.multiplier))
+        for tier, since, value in multipliers:
+            by_tier[tier].append((since, value))
         self.multipliers = {tier: _Timeline(rows) for tier, rows in by_tier.items()}
 
     @classmethod
     def load(cls) -> PriceBook:
-        return cls(Price.objects.all(), TierMultiplier.objects.all())
+        """The price list and the multipliers in one query (a UNION of the two small tables)."""
+        prices = Price.objects.order_by().values_list(
+            "gpu_model_id", "share", "effective_from", "per_gpu_hour"
+        )
+        multipliers = TierMultiplier.objects.order_by().annotate(
+            gpu_model_id=Value(0, output_field=IntegerField())
+        )
+        rows = prices.union(
+            multipliers.values_list("gpu_model_id", "tier", "effective_from", "multiplier"), all=True
+        )
+        found_prices, found_multipliers = [], []
+        for gpu_model_id, key, since, value in rows:
+            if gpu_model_id:
+                found_prices.append((gpu_model_id, key, since, Decimal(value)))
+            else:
+                found_multipliers.append((key, since, Decimal(value)))
+        return cls(found_prices, found_multipliers)
 
     def _price_line(self, gpu_model_id: int, share: str) -> _Timeline:
         line = self.prices.get((gpu_model_id, share))

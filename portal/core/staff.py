@@ -87,6 +87,8 @@ CONSOLE_MODELS = {
     "core": ("auditevent", "apitoken"),
     "monitoring": ("alert", "delivery", "alertchannel"),
     "identity": ("groupmapping", "directoryaccount"),
+    "billing": ("price", "tiermultiplier", "budget"),
+    "reports": ("statement", "tcoprofile", "cloudprice"),
 }
 
 
