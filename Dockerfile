@@ -4,6 +4,7 @@ FROM python:3.11-slim-bookworm
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 VAR_DIR=/var/lib/portal
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openssh-client gettext curl \
+    libpango-1.0-0 libpangoft2-1.0-0 libharfbuzz-subset0 fonts-wqy-microhei \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --create-home --home-dir /home/portal portal \
  && mkdir -p /var/lib/portal && chown portal /var/lib/portal

@@ -9,9 +9,13 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from billing import money
+from billing.budgets import budget_change, budget_create, budget_delete
+from billing.models import Budget
 from clusters.selectors import catalog_names
 from clusters.shares import Share
 from jobs import services, stream
+from jobs.budgets import budget_of, budget_status, budgets_of
 from jobs.filters import JobFilter, LoanFilter
 from jobs.job_templates import TEMPLATES
 from jobs.models import Job, Loan
@@ -26,6 +30,10 @@ from jobs.selectors import (
     usage_of,
 )
 from jobs.serializers import (
+    BudgetIn,
+    BudgetOut,
+    BudgetPageOut,
+    BudgetPatch,
     JobDetailOut,
     JobEventOut,
     JobGpuSampleOut,
@@ -168,7 +176,8 @@ class TemplateList(APIView):
 
 
 class Usage(APIView):
-    """GPU-hours of finished jobs by day, user or GPU model, over a date range."""
+    """GPU-hours and their cost by day, user, GPU model, tenant, scenario or cluster, over a date
+    range: running jobs so far, each run's GPU-hours on the days it ran."""
 
     @extend_schema(parameters=[UsageIn], responses=UsageOut)
     def get(self, request):
@@ -182,7 +191,8 @@ class Usage(APIView):
             end=data["to"],
             group_by=data["group_by"],
         )
-        return Response({"results": rows})
+        results = [row | {"cost": money.as_api(row["cost"])} for row in rows]
+        return Response({"currency": money.currency(), "results": results})
 
 
 class _StreamView(APIView):
@@ -266,3 +276,57 @@ class TenantLoanViewSet(mixins.ListModelMixin, ReadByMembers):
 
     def get_queryset(self):
         return loans_of(user=self.request.user, tenant=self.tenant())  # 404 before a filter is read
+
+
+# --- A tenant's budgets (docs/api.md, Budgets)
+
+
+class TenantBudgetViewSet(ReadByMembers):
+    """The tenant's budgets with what each has spent and holds in reserve: every member of the
+    tenant reads them, and staff who see every tenant; its owners, managers and platform admins
+    set, change and remove them (403 for other roles, after the 404 of another tenant, before
+    the body is read)."""
+
+    serializer_class = BudgetOut
+    queryset = Budget.objects.none()
+    lookup_value_regex = ID_LOOKUP
+
+    def keeper(self):
+        tenant = self.tenant()
+        require(self.request.user, tenant, roles.MANAGE_MEMBERS)
+        return tenant
+
+    def one(self, tenant, pk):
+        budget = budget_of(tenant=tenant, budget_id=int(pk))
+        if budget is None:
+            raise NotFound
+        return budget
+
+    @extend_schema(responses=BudgetPageOut)
+    def list(self, request, tenant_slug=None):
+        rows = BudgetOut(budgets_of(tenant=self.tenant()), many=True).data
+        return Response({"next": None, "previous": None, "results": rows})
+
+    @extend_schema(request=BudgetIn, responses={201: BudgetOut})
+    def create(self, request, tenant_slug=None):
+        tenant = self.keeper()
+        data = parsed(BudgetIn, request)
+        grant = data.pop("grant")
+        budget = budget_create(
+            actor=request.user, tenant=tenant, grant_id=int(grant) if grant else None, **data
+        )
+        return Response(BudgetOut(budget_status(budget=budget)).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=BudgetPatch, responses={200: BudgetOut})
+    def partial_update(self, request, tenant_slug=None, pk=None):
+        tenant = self.keeper()
+        budget = self.one(tenant, pk)
+        data = parsed(BudgetPatch, request)
+        budget = budget_change(actor=request.user, budget=budget, **data)
+        return Response(BudgetOut(budget_status(budget=budget)).data)
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request, tenant_slug=None, pk=None):
+        tenant = self.keeper()
+        budget_delete(actor=request.user, budget=self.one(tenant, pk))
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -147,3 +147,9 @@ def costs_of(jobs: Iterable[tuple[int, Job | dict]], *, now: datetime | None = N
     return {
         pk: cost(charges_of(job, book, attempts=attempts.get(pk, ()), now=now)) for pk, job in figures.items()
     }
+
+
+def estimate(*, gpu_model_id: int, share: str, tier: str, gpu_hours: Decimal) -> Decimal:
+    """What GPU-hours about to be reserved would cost at today's prices: a submission's preview."""
+    rate = PriceBook.load().rate_at(gpu_model_id=gpu_model_id, share=share, tier=tier, moment=timezone.now())
+    return gpu_hours * rate

@@ -5,12 +5,14 @@ jobs.services.job_submit, which says what a partition cannot give (share_check).
 
 import json
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 from django import forms
 from django.conf import settings
 from django.http import QueryDict
 from django.utils.translation import gettext_lazy as _
 
+from billing.models import AMOUNT_PLACES
 from clusters.models import GpuModel, Partition
 from clusters.shares import ShareKind
 from jobs.job_templates import JobTemplate
@@ -478,3 +480,30 @@ class JobSubmitForm(forms.Form):
         partition = self.menu.partition(data.get("partition")) if self.menu else None
         data["cluster"] = partition.cluster if partition is not None else None
         data["partition"] = partition.name if partition is not None else ""
+
+
+# --- Budgets
+
+
+class BudgetForm(forms.Form):
+    """A budget set or changed on the budget page: the month's, or one grant's (`target`)."""
+
+    target = forms.ChoiceField(label=_("Budget for"))
+    amount = forms.DecimalField(
+        label=_("Amount"), max_digits=14, decimal_places=AMOUNT_PLACES, min_value=Decimal("0.01")
+    )
+    hard = forms.BooleanField(
+        label=_("Hard: refuse new jobs once it is spent (running jobs go on)"), required=False
+    )
+
+    def __init__(self, *args, grants=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["target"].choices = [("month", _("Each calendar month"))] + [
+            (f"grant-{g.pk}", _("Grant %(id)s: %(scenario)s on %(model)s, to %(end)s")
+             % {"id": g.pk, "scenario": g.scenario.name, "model": g.gpu_model.name, "end": g.ends_on})
+            for g in grants
+        ]  # fmt: skip
+
+    def grant_id(self) -> int | None:
+        target = self.cleaned_data["target"]
+        return None if target == "month" else int(target.removeprefix("grant-"))

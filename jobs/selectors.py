@@ -1,4 +1,6 @@
+from collections import defaultdict
 from datetime import date, datetime, timedelta
+from decimal import Decimal
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import (
@@ -16,10 +18,12 @@ from django.db.models import (
     Value,
     When,
 )
-from django.db.models.functions import Cast, TruncDate
+from django.db.models.functions import Cast
 from django.utils import timezone
 
+from billing.pricing import ZERO, Charge, PriceBook, midnight
 from clusters.models import Cluster
+from jobs.costs import Figures, earlier_attempts, pieces_of
 from jobs.models import Job, JobEvent, JobGpuSample, JobState, Loan, LoanRole
 from jobs.states import ACTIVE_IN_SCHEDULER
 from portal.core.compiled import CompiledQuery
@@ -77,6 +81,7 @@ JOB_ANSWER = {
     "gpu_hours_lost": "gpu_hours_lost",
     "stop_at": "stop_at",
     "restart_after": "restart_after",
+    "tier": "tier",
 }
 API_JOB_FIELDS = tuple(JOB_ANSWER.values())
 # What JobDetailOut adds for the job's submitter and the tenant's owners and managers: columns
@@ -204,32 +209,109 @@ def _own_or_managed(perms: frozenset[str], own: bool) -> bool:
     return roles.CANCEL_ANY_JOB in perms or (own and roles.SUBMIT_JOB in perms)
 
 
+# --- Usage: GPU-hours and what they cost, on the days they were used (jobs/costs.py prices them)
+
+USAGE_GROUPS = ("day", "user", "gpu_model", "tenant", "scenario", "cluster")
+
+# What a usage row of a job is keyed by, per group (the day is its charge's, below).
 USAGE_KEYS = {
-    "day": TruncDate("finished_at"),
-    "user": F("submitted_by__username"),
-    "gpu_model": F("gpu_model__slug"),
+    "user": lambda job: job.submitted_by.username,
+    "gpu_model": lambda job: job.gpu_model.slug,
+    "tenant": lambda job: job.tenant.slug,
+    "scenario": lambda job: job.scenario.slug,
+    "cluster": lambda job: job.cluster.slug,
 }
+
+# The columns a job's charges and usage keys read: the job's script and environment stay unread.
+USAGE_COLUMNS = (
+    "id", "tenant_id", "gpu_model_id", "scenario_id", "cluster_id", "partition_id", "submitted_by_id",
+    "gpus", "device_fraction", "share", "tier", "state", "attempt", "created", "started_at",
+    "finished_at", "gpu_hours", "reserved_gpu_hours", "tenant__slug", "gpu_model__slug",
+    "scenario__slug", "cluster__slug", "submitted_by__username",
+)  # fmt: skip
+
+
+def day_cuts(start: datetime, end: datetime) -> list[datetime]:
+    """The midnights of the site's time zone strictly between two moments."""
+    cuts, day = [], timezone.localdate(start) + timedelta(days=1)
+    while midnight(day) < end:
+        cuts.append(midnight(day))
+        day += timedelta(days=1)
+    return cuts
+
+
+def jobs_used_between(jobs: QuerySet[Job], *, start: datetime, end: datetime) -> QuerySet[Job]:
+    """Those of `jobs` that may have held GPUs in [start, end): started before its end (or
+    restarted: an earlier attempt ran), and not finished before its start; in one query."""
+    ran = Q(started_at__lt=end) | Q(attempt__gt=1)
+    not_over = Q(finished_at__gte=start) | Q(finished_at__isnull=True)
+    return (
+        jobs.filter(ran & not_over)
+        .select_related("tenant", "gpu_model", "scenario", "cluster", "submitted_by")
+        .only(*USAGE_COLUMNS)
+        .order_by("id")
+    )
+
+
+def charges_between(
+    job: Job,
+    attempts: list,
+    book: PriceBook,
+    *,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    daily: bool = False,
+) -> list[Charge]:
+    """The job's charges (earlier runs, then the last run, or the current one so far) that fall
+    in [start, end), cut there and, when `daily`, at each midnight between: GPU-hours land on
+    the days they were used, and the parts of a run add up to the whole exactly."""
+    pieces = pieces_of(Figures.of(job), attempts, now=now)
+    if not pieces:
+        return []
+    cuts = [start, end]
+    if daily:
+        cuts += day_cuts(max(start, min(p.start for p in pieces)), min(end, max(p.end for p in pieces)))
+    charges = book.charges(pieces, gpu_model_id=job.gpu_model_id, share=job.share, tier=job.tier, cuts=cuts)
+    return [charge for charge in charges if start <= charge.start < end]
 
 
 def usage_of(
-    *, user: AbstractBaseUser, tenant_slug: str | None, start: date, end: date, group_by: str
+    *,
+    user: AbstractBaseUser,
+    tenant_slug: str | None,
+    start: date,
+    end: date,
+    group_by: str,
+    now: datetime | None = None,
 ) -> list[dict]:
-    """GPU-hours of finished jobs the caller may see, by day, user or GPU model, in one query."""
-    jobs = Job.objects.filter(
-        tenant_id__in=tenant_ids_visible_to(user=user),
-        finished_at__date__gte=start,
-        finished_at__date__lte=end,
-        gpu_hours__isnull=False,
-    )
+    """GPU-hours and their cost (exact Decimal) used from `start` to `end` (days of the site's
+    time zone) by the jobs the caller may see, running ones so far, by day, user, GPU model,
+    tenant, scenario or cluster: `[{key, gpu_hours, cost}]` in key order. A run's GPU-hours land
+    on the days it ran, each part at the price then in force. Three queries however many jobs:
+    the jobs, the attempts of restarted ones, the price list."""
+    now = now or timezone.now()
+    lo, hi = midnight(start), midnight(end + timedelta(days=1))
+    jobs = Job.objects.filter(tenant_id__in=tenant_ids_visible_to(user=user))
     if tenant_slug:
         jobs = jobs.filter(tenant__slug=tenant_slug)
-    rows = (
-        jobs.annotate(key=USAGE_KEYS[group_by])
-        .values("key")
-        .annotate(gpu_hours=Sum("gpu_hours"))
-        .order_by("key")
-    )
-    return [{"key": str(row["key"]), "gpu_hours": float(row["gpu_hours"])} for row in rows]
+    jobs = list(jobs_used_between(jobs, start=lo, end=hi))
+    attempts = earlier_attempts(job.pk for job in jobs if job.attempt > 1)
+    book = PriceBook.load()
+    daily = group_by == "day"
+    totals: dict[str, list[Decimal]] = defaultdict(lambda: [ZERO, ZERO])
+    for job in jobs:
+        for charge in charges_between(
+            job, attempts.get(job.pk, []), book, start=lo, end=hi, now=now, daily=daily
+        ):
+            key = timezone.localdate(charge.start).isoformat() if daily else USAGE_KEYS[group_by](job)
+            totals[key][0] += charge.gpu_hours
+            totals[key][1] += charge.cost
+    return [
+        {"key": key, "gpu_hours": float(hours), "cost": cost}
+        for key, (hours, cost) in sorted(totals.items())
+        if hours
+    ]
 
 
 # A job waits while it has no GPUs yet: for dispatch or quota (QUEUED), on its way to the

@@ -1,24 +1,38 @@
 from collections.abc import Callable
 from datetime import datetime, timedelta, tzinfo
+from decimal import Decimal
 from functools import cache
 from operator import itemgetter
 from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Manager
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from billing import money
+from billing.models import AMOUNT_PLACES, BudgetPeriod
 from clusters.models import Cluster, GpuModel, Scenario
 from clusters.selectors import CatalogNames, catalog_names
 from clusters.shares import ShareKind
+from jobs.costs import costs_of
 from jobs.models import Job, JobEvent, JobGpuSample, Loan, LoanRole, Priority, job_name_validator
-from jobs.selectors import API_JOB_DETAIL_FIELDS, JOB_ANSWER, LENDING_DAYS_MAX
+from jobs.selectors import API_JOB_DETAIL_FIELDS, JOB_ANSWER, LENDING_DAYS_MAX, USAGE_GROUPS
 from jobs.services.submit import MAX_ENV
-from portal.core.serializers import NO_NUL, SlugRef, StrictBooleanField, StrictCharField, StrictIntegerField
+from portal.core.serializers import (
+    ID_LOOKUP,
+    NO_NUL,
+    SlugRef,
+    StrictBooleanField,
+    StrictCharField,
+    StrictDecimalField,
+    StrictIntegerField,
+)
+from tenants.models import Tier
 from tenants.serializers import VisibleTenantField
 
 MAX_GPUS = 4096
@@ -163,7 +177,32 @@ class JobListOut(serializers.ListSerializer):
         jobs = data.all() if isinstance(data, Manager) else data
         rows = [job if isinstance(job, dict) else job_row(job, serializer_class) for job in jobs]
         names, tz = catalog_names(rows), timezone.get_current_timezone()
-        return [job_answer(row, names, tz, serializer_class) for row in rows]
+        costs = costs_of((row["id"], row) for row in rows)
+        return [job_answer(row, names, tz, serializer_class, cost=costs[row["id"]]) for row in rows]
+
+
+# Fields of the answer that are no column: computed from the row (job_answer).
+COMPUTED = ("cost", "currency")
+
+
+@extend_schema_field({"type": "string", "format": "decimal", "pattern": r"^-?\d+(\.\d+)?$"})
+class CostField(serializers.Field):
+    """A job's cost, from the job itself (source "*"): jobs.costs.costs_of, shown by billing.money."""
+
+    def __init__(self, **kwargs):
+        super().__init__(source="*", read_only=True, **kwargs)
+
+    def to_representation(self, job) -> str:
+        return money.as_api(costs_of([(job.pk, job)])[job.pk])
+
+
+@extend_schema_field({"type": "string", "pattern": "^[A-Z]{3}$"})
+class CurrencyField(serializers.Field):
+    def __init__(self, **kwargs):
+        super().__init__(source="*", read_only=True, **kwargs)
+
+    def to_representation(self, job) -> str:
+        return money.currency()
 
 
 # A job's answer: the fields of jobs.selectors.JOB_ANSWER, each read from its column there. A
@@ -208,11 +247,21 @@ class JobOut(serializers.ModelSerializer):
     restart_after = serializers.DateTimeField(
         allow_null=True, help_text="A restarted job waits for admission until then (backoff)."
     )
+    tier = serializers.ChoiceField(
+        choices=Tier.choices,
+        help_text="The tenant's tier when the job was submitted: its prices' multiplier.",
+    )
+    cost = CostField(
+        help_text="What its GPU-hours cost at the prices in force while it ran (so far while it runs), "
+        "in `currency`, a decimal string rounded half to even to the currency's minor unit "
+        "(docs/cost-model.md).",
+    )
+    currency = CurrencyField(help_text="The site's currency, ISO 4217.")
 
     class Meta:
         model = Job
         list_serializer_class = JobListOut
-        fields = list(JOB_ANSWER)
+        fields = [*JOB_ANSWER, *COMPUTED]
 
     def to_representation(self, job: Job | dict) -> dict:
         row = job if isinstance(job, dict) else job_row(job, type(self))
@@ -224,7 +273,7 @@ class JobDetailOut(JobOut):
     (GET /jobs/{id}/ answers JobOut to the others), hence optional in the schema."""
 
     class Meta(JobOut.Meta):
-        fields = [*JOB_ANSWER, *API_JOB_DETAIL_FIELDS]
+        fields = [*JOB_ANSWER, *API_JOB_DETAIL_FIELDS, *COMPUTED]
         extra_kwargs = {name: {"required": False} for name in API_JOB_DETAIL_FIELDS}
 
 
@@ -251,6 +300,8 @@ def answer_plan(serializer_class: type[JobOut]) -> AnswerPlan:
     (docs/performance.md)."""
     fields, columns, names, times, shown = [], [], [], [], []
     for name, field in serializer_class().fields.items():
+        if name in COMPUTED:
+            continue
         column = JOB_ANSWER.get(name, name)
         catalog = isinstance(field, CatalogNameField)
         read = f"{field.kind}_id" if catalog else "__".join(field.source_attrs)
@@ -300,11 +351,22 @@ def iso_datetime(when: datetime | None, tz: tzinfo) -> str | None:
     return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
-def job_answer(row: dict, names: CatalogNames, tz: tzinfo, serializer_class: type[JobOut] = JobOut) -> dict:
+def job_answer(
+    row: dict,
+    names: CatalogNames,
+    tz: tzinfo,
+    serializer_class: type[JobOut] = JobOut,
+    *,
+    cost: Decimal | None = None,
+) -> dict:
     """The serializer's answer built straight from a row of its columns (a values() query's dict,
-    or job_row's), with the catalog's names of the page and the current time zone."""
+    or job_row's), with the catalog's names of the page and the current time zone; its cost as
+    given (a page's, computed at once by jobs.costs.costs_of), or computed here."""
     plan = answer_plan(serializer_class)
     answer = dict(zip(plan.fields, plan.read(row), strict=True))
+    if cost is None:
+        cost = costs_of([(row["id"], row)])[row["id"]]
+    answer["cost"], answer["currency"] = money.as_api(cost), money.currency()
     for name, kind in plan.names:
         answer[name] = getattr(names, kind)[answer[name]]
     for name in plan.times:
@@ -384,16 +446,18 @@ class UsageDateField(serializers.DateField):
     """A date in the years 2000 to 2999 (UsageIn.validate)."""
 
 
-class UsageIn(serializers.Serializer):
-    """Query parameters tenant, from, to (dates; default the last 30 days) and group_by."""
+class RangeIn(serializers.Serializer):
+    """Query parameters from and to: dates of the site's time zone in the years 2000 to 2999,
+    by default the 30 days up to today, at most 367 days; a subclass adds its own in `more`."""
+
+    more: dict = {}
 
     def get_fields(self):
         # `from` is a Python keyword, so the fields are declared here rather than as attributes.
         return {
-            "tenant": StrictCharField(required=False, default=""),
             "from": UsageDateField(required=False, default=None),
             "to": UsageDateField(required=False, default=None),
-            "group_by": serializers.ChoiceField(choices=["day", "user", "gpu_model"], default="day"),
+            **{name: field() for name, field in self.more.items()},
         }
 
     def validate(self, data):
@@ -409,12 +473,28 @@ class UsageIn(serializers.Serializer):
         return data
 
 
+class UsageIn(RangeIn):
+    """Query parameters tenant, from, to (dates; default the last 30 days) and group_by."""
+
+    more = {
+        "tenant": lambda: StrictCharField(required=False, default=""),
+        "group_by": lambda: serializers.ChoiceField(choices=USAGE_GROUPS, default="day"),
+    }
+
+
 class UsageRowOut(serializers.Serializer):
     key = serializers.CharField()
     gpu_hours = serializers.FloatField()
+    cost = serializers.DecimalField(
+        max_digits=30,
+        decimal_places=2,
+        help_text="What these GPU-hours cost at the prices in force while they were used, in `currency`, "
+        "rounded half to even to the currency's minor unit.",
+    )
 
 
 class UsageOut(serializers.Serializer):
+    currency = serializers.CharField(help_text="ISO 4217 code of every `cost`.")
     results = UsageRowOut(many=True)
 
 
@@ -509,3 +589,68 @@ class LoanOut(serializers.ModelSerializer):
             "counterpart",
         ]  # fmt: skip
         read_only_fields = fields  # so that the schema says each is always there
+
+
+# --- Budgets (docs/api.md, Budgets)
+
+
+class MoneyField(serializers.CharField):
+    """An amount as a decimal string rounded half to even to the currency's minor unit."""
+
+    def to_representation(self, value) -> str:
+        return money.as_api(value)
+
+
+class BudgetOut(serializers.Serializer):
+    """A budget with its figures in its current period (jobs.budgets.BudgetStatus)."""
+
+    id = serializers.CharField(source="budget.pk")
+    period = serializers.ChoiceField(source="budget.period", choices=BudgetPeriod.choices)
+    grant = serializers.CharField(source="budget.grant_id", allow_null=True)
+    amount = MoneyField(source="budget.amount")
+    hard = serializers.BooleanField(source="budget.hard")
+    currency = serializers.SerializerMethodField()
+    period_start = serializers.DateField()
+    period_end = serializers.DateField(
+        allow_null=True, help_text="A month's next first day; a grant's last day."
+    )
+    spent = MoneyField(help_text="The cost of the GPU-hours charged in the period.")
+    reserved = MoneyField(help_text="What the GPU-hours of waiting and running jobs would cost now.")
+    left = MoneyField(help_text="amount − spent − reserved; negative once passed.")
+    percent = serializers.SerializerMethodField(help_text="(spent + reserved) / amount × 100, to 0.1.")
+
+    @extend_schema_field(serializers.CharField())
+    def get_currency(self, row) -> str:
+        return money.currency()
+
+    @extend_schema_field(serializers.FloatField())
+    def get_percent(self, row) -> float:
+        return float(round(row.percent, 1))
+
+
+class BudgetPageOut(serializers.Serializer):
+    """Every budget of the tenant on one page (a monthly one and one per grant at most)."""
+
+    next = serializers.CharField(allow_null=True)
+    previous = serializers.CharField(allow_null=True)
+    results = BudgetOut(many=True)
+
+
+AMOUNT = {"max_digits": 14, "decimal_places": AMOUNT_PLACES, "min_value": Decimal("0.01")}
+
+
+class BudgetIn(serializers.Serializer):
+    period = serializers.ChoiceField(choices=BudgetPeriod.choices)
+    grant = StrictCharField(
+        required=False, allow_null=True, default=None, validators=[RegexValidator(f"^{ID_LOOKUP}$")],
+        help_text="The tenant's grant (its id) of a budget per grant; null for a monthly one.",
+    )  # fmt: skip
+    amount = StrictDecimalField(**AMOUNT, help_text="In the site's currency, a JSON number.")
+    hard = StrictBooleanField(required=False, default=False)
+
+
+class BudgetPatch(serializers.Serializer):
+    """Either or both; a budget's period and grant stay (delete it and make another)."""
+
+    amount = StrictDecimalField(**AMOUNT, required=False)
+    hard = StrictBooleanField(required=False)

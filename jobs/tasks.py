@@ -7,6 +7,7 @@ from django.db import DatabaseError
 from clusters.backends.base import PURGE_TIMEOUT_S
 from clusters.tasks import BACKEND_RETRY
 from jobs import services
+from jobs.budgets import budgets_notify
 from jobs.selectors import cluster_ids_to_poll
 from jobs.services.admission import jobs_admit_marked
 from jobs.services.dispatch import jobs_dispatch
@@ -168,3 +169,10 @@ def stop_job(*, job_id: int, attempt: int | None = None) -> None:
 def review_attempt(*, attempt_id: int) -> None:
     """What a stopped attempt kept: its last checkpoint, its lost GPU-hours given back."""
     services.attempt_review(attempt_id=attempt_id)
+
+
+@shared_task(acks_late=True, soft_time_limit=240, time_limit=300)
+def check_budgets(*, tenant_id: int | None = None) -> int:
+    """Beat (every tenant), and after a submission (its tenant): the 50/80/100 % notices of
+    budgets, each once per period (jobs.budgets.budgets_notify)."""
+    return budgets_notify(tenant_id=tenant_id)

@@ -1,4 +1,4 @@
-"""API routes of jobs, templates, usage and a tenant's lending."""
+"""API routes of jobs, templates, usage, a tenant's lending and its budgets."""
 
 from django.urls import path, re_path
 from rest_framework.routers import SimpleRouter
@@ -10,6 +10,8 @@ router = SimpleRouter()
 router.register("jobs", api.JobViewSet, basename="job")
 lending = api.TenantLendingViewSet.as_view({"get": "retrieve"})
 loans = api.TenantLoanViewSet.as_view({"get": "list"})
+budgets = api.TenantBudgetViewSet.as_view({"get": "list", "post": "create"})
+budget = api.TenantBudgetViewSet.as_view({"patch": "partial_update", "delete": "destroy"})
 TENANT = rf"^tenants/(?P<tenant_slug>{SLUG_LOOKUP})/"
 
 api_urlpatterns = [
@@ -19,5 +21,7 @@ api_urlpatterns = [
     re_path(rf"^jobs/(?P<pk>{ID_LOOKUP})/log/stream/$", api.JobLogStream.as_view(), name="job-log-stream"),
     re_path(TENANT + r"lending/$", lending, name="tenant-lending"),
     re_path(TENANT + r"loans/$", loans, name="tenant-loans"),
+    re_path(TENANT + r"budgets/$", budgets, name="tenant-budgets"),
+    re_path(TENANT + rf"budgets/(?P<pk>{ID_LOOKUP})/$", budget, name="tenant-budget"),
     *router.urls,
 ]

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, QueryDict
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -22,11 +22,16 @@ from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
+from billing import money
+from billing.budgets import budget_delete, budget_set
+from billing.models import BudgetPeriod
 from clusters.selectors import cluster_list, scenario_list
 from clusters.shares import SHARD_WARNING, Share
 from jobs import services
+from jobs.budgets import budget_of, budgets_of
+from jobs.costs import costs_of, estimate
 from jobs.filters import JobFilter
-from jobs.forms import PARAM_PREFIX, JobSubmitForm
+from jobs.forms import PARAM_PREFIX, BudgetForm, JobSubmitForm
 from jobs.job_templates import templates_for
 from jobs.models import Job, JobGpuSample, JobState, Priority
 from jobs.selectors import (
@@ -227,6 +232,7 @@ def dashboard(request: HttpRequest, slug: str) -> HttpResponse:
         "gpu_keep_days": settings.GPU_SAMPLE_KEEP_DAYS,
         # None for a tenant in no cohort: the panel is left out
         "lending": lending_panel_of(tenant=tenant, days=USAGE_DAYS),
+        "budget_rows": budget_rows(budgets_of(tenant=tenant)),
     }
     return render(request, "jobs/dashboard.html", context)
 
@@ -319,6 +325,7 @@ def _live_context(request: HttpRequest, job: Job) -> dict:
         "gpu_hours_so_far": round(float(job.device_gpus) * elapsed.total_seconds() / 3600, 2)
         if elapsed and not ended
         else None,
+        "cost": money.as_text(costs_of([(job.pk, job)])[job.pk]),
     } | _attempts_context(job, ended=ended)
 
 
@@ -557,6 +564,10 @@ def job_check(request: HttpRequest, slug: str) -> HttpResponse:
         context["share"] = job_request.share
         context["fraction"] = _plain(preview.device_fraction)
         context["devices"] = _plain(form.cleaned_data["gpus"] * preview.device_fraction)
+        context["cost_at_most"] = money.as_text(
+            estimate(gpu_model_id=job_request.gpu_model.pk, share=job_request.share.kind, tier=tenant.tier,
+                     gpu_hours=preview.gpu_hours)
+        )  # fmt: skip
     return _vary(render(request, "jobs/_check.html", context))
 
 
@@ -575,3 +586,71 @@ SUBMIT_FIELDS = (
     "max_restarts",
     "restart_exit_codes",
 )
+
+
+# --- Budgets
+
+
+def budget_rows(statuses) -> list[dict]:
+    """Each budget with a bar: spent, and reserved as the lighter segment; figures as money."""
+    rows = []
+    for status in statuses:
+        budget, amount = status.budget, float(status.budget.amount)
+        spent_pct = min(100, max(0, round(100 * float(status.spent) / amount)))
+        total_pct = min(100, max(0, round(float(status.percent))))
+        text = _("%(spent)s spent and %(reserved)s reserved of %(amount)s") % {
+            "spent": money.as_text(status.spent), "reserved": money.as_text(status.reserved),
+            "amount": money.as_text(budget.amount),
+        }  # fmt: skip
+        label = (
+            _("Budget of %(month)s") % {"month": status.period_start.strftime("%Y-%m")}
+            if budget.period == BudgetPeriod.MONTH
+            else _("Budget of grant %(id)s") % {"id": budget.grant_id}
+        )
+        bar = {
+            "id": f"budget-{budget.pk}", "label": label, "text": text, "now": round(float(status.total), 2),
+            "max": amount, "pct": spent_pct, "extra": max(0, total_pct - spent_pct),
+            "level": "high" if total_pct >= 100 else ("mid" if total_pct >= 80 else ""),
+        }  # fmt: skip
+        rows.append({"status": status, "bar": bar, "left": money.as_text(status.left),
+                     "percent": round(float(status.percent), 1)})  # fmt: skip
+    return rows
+
+
+@login_required
+def budget(request: HttpRequest, slug: str) -> HttpResponse:
+    """The tenant's budgets, each with its bar and figures; its owners and managers set the
+    month's or a grant's budget (billing.budgets.budget_set) or remove one."""
+    tenant = tenant_or_404(request, slug)
+    if request.method not in ("GET", "POST"):
+        return HttpResponseNotAllowed(["GET", "POST"])
+    today = timezone.localdate()
+    grants = grants_not_ended_of(user=request.user, tenant=tenant, day=today).select_related(
+        "scenario", "gpu_model"
+    )
+    form, status = BudgetForm(request.POST or None, grants=grants), 200
+    if request.method == "POST":
+        require_or_403(request.user, tenant, roles.MANAGE_MEMBERS)
+        if "remove" in request.POST:
+            value = request.POST["remove"]
+            found = budget_of(tenant=tenant, budget_id=int(value)) if ID_RE.fullmatch(value) else None
+            if found is None:
+                raise Http404
+            budget_delete(actor=request.user, budget=found)
+            messages.success(request, _("The budget is removed."))
+            return redirect("budget", slug=tenant.slug)
+        if form.is_valid():
+            try:
+                budget_set(actor=request.user, tenant=tenant, amount=form.cleaned_data["amount"],
+                           hard=form.cleaned_data["hard"], grant_id=form.grant_id())  # fmt: skip
+            except PortalError as exc:
+                form_errors_from(form, exc)
+            else:
+                messages.success(request, _("The budget is saved."))
+                return redirect("budget", slug=tenant.slug)
+        status = 400
+    context = tenant_context(request, tenant) | {
+        "section": "budget", "form": form, "budget_rows": budget_rows(budgets_of(tenant=tenant)),
+        "currency": money.currency(),
+    }  # fmt: skip
+    return render(request, "jobs/budget.html", context, status=status)

@@ -5,6 +5,7 @@ from django.urls import include, path, register_converter
 from django.views import defaults
 from rest_framework.routers import SimpleRouter
 
+from billing.urls import api_urlpatterns as billing_api
 from clusters.urls import api_urlpatterns as clusters_api
 from identity import views as identity_views
 from identity.urls import api_urlpatterns as identity_api
@@ -33,6 +34,7 @@ api_v1 = [
     *router.urls,
     *tenants_api,
     *clusters_api,
+    *billing_api,
     *jobs_api,
     *reports_api,
     *monitoring_api_urls,
@@ -60,6 +62,7 @@ pages = [
     path("t/<tslug:slug>/jobs/<id:job_id>/log/", jobs_views.job_log, name="job-log"),
     path("t/<tslug:slug>/jobs/<id:job_id>/cancel/", jobs_views.job_cancel, name="job-cancel"),
     path("t/<tslug:slug>/quota/", tenants_views.quota, name="quota"),
+    path("t/<tslug:slug>/budget/", jobs_views.budget, name="budget"),
     path("t/<tslug:slug>/quota/advise/", tenants_views.quota_advise, name="quota-advise"),
     path(
         "t/<tslug:slug>/quota/<id:request_id>/withdraw/", tenants_views.quota_withdraw, name="quota-withdraw"

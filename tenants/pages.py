@@ -26,6 +26,7 @@ ERROR_MESSAGES = {
     "invalid": gettext_lazy("Some of the input is not valid."),
     "no_quota": gettext_lazy("Your team has no quota grant that covers this."),
     "quota_exhausted": gettext_lazy("Your team's quota grant is used up for this."),
+    "budget_exhausted": gettext_lazy("Your team's budget cannot take this job."),
     "tenant_suspended": gettext_lazy("This team is suspended: it can read but not submit."),
     "last_owner": gettext_lazy("A team needs at least one owner."),
     "unavailable": gettext_lazy("The cluster cannot be reached right now. Please try again shortly."),

@@ -16,6 +16,7 @@ class EventType(models.TextChoices):
     QUOTA_DECIDED = "quota.decided", _("A quota request was decided")
     GRANT_ENDING = "grant.ending", _("A grant ends soon (7 days and 1 day before)")
     GRANT_ENDED = "grant.ended", _("A grant ended")
+    BUDGET_THRESHOLD = "budget.threshold", _("A budget passed 50, 80 or 100 %")
     ALERT_FIRING = "alert.firing", _("An alert fires")
     ALERT_RESOLVED = "alert.resolved", _("An alert was resolved")
     PING = "ping", _("A test delivery")

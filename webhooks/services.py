@@ -4,9 +4,10 @@ endpoint that has failed for a day.
 
 Events come from the rows their owners write anyway, read by id like the event stream reads
 them (jobs/stream.py): JobEvents (job.state_changed, and the job-end mail), audit events
-(quota.decided, grant.ended); alerts arrive by monitoring's `alert_news` signal. So no lower app
-knows of webhooks. An id that a scan passes over because its row was not committed yet (ids are
-taken at insert, rows appear at commit) is kept as a gap and read again for EVENTS_GAP_WAIT_S."""
+(quota.decided, grant.ending, grant.ended, budget.threshold); alerts arrive by monitoring's
+`alert_news` signal. So no lower app knows of webhooks. An id that a scan passes over because
+its row was not committed yet (ids are taken at insert, rows appear at commit) is kept as a gap
+and read again for EVENTS_GAP_WAIT_S."""
 
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ AUDITED = {
     **dict.fromkeys(QUOTA_DECISIONS, EventType.QUOTA_DECIDED),
     "grant.ending": EventType.GRANT_ENDING,
     "grant.ended": EventType.GRANT_ENDED,
+    "budget.threshold": EventType.BUDGET_THRESHOLD,
 }
 SUBSCRIBABLE = [t for t in EventType.values if t != EventType.PING]
 
@@ -413,6 +415,8 @@ def _audit_events(rows: list[AuditEvent], endpoints: dict[int, list[Endpoint]]) 
                     **event.data,
                 }
             }
+        elif event_type == EventType.BUDGET_THRESHOLD:
+            data = {"budget": {"id": event.target_id, **event.data}}
         else:
             data = {"grant": {"id": event.target_id, **event.data}}
         key = f"audit:{event.pk}"

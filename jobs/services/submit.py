@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster, GpuModel, JobIdentity, Partition, Scenario, share_check, units_per_node
 from clusters.shares import WHOLE, Share, ShareKind
+from jobs.budgets import budget_check, budgets_notify_later
 from jobs.job_templates import TemplateInvalid, render_template
 from jobs.models import MAX_PRIORITY, Job, JobEvent, JobState, default_priority, priority_above_cap
 from jobs.services.admission import gpus_held_on, jobs_admit_later
@@ -304,6 +305,9 @@ def job_preview(*, request: JobRequest) -> JobPreview:
         _reserve_errors(request, hours)
     elif hours > left:
         raise QuotaExhausted(f"{hours} GPU-hours asked, {left} left on the grant.")
+    grant = next((g for g in grants.order_by("ends_on", "id") if g.gpu_hours_remaining >= hours), None)
+    budget_check(tenant=request.tenant, grant=grant, gpu_model_id=request.gpu_model.pk,
+                 share=request.share.kind, gpu_hours=hours, lock=False)  # fmt: skip
     return JobPreview(
         partition=partition, script=script, env={**request.scenario.env, **request.env}, gpu_hours=hours,
         cpus_per_gpu=_cpus(request, partition, fraction), mem_per_gpu_mb=_mem(request, partition, fraction),
@@ -401,6 +405,10 @@ def _job_insert(*, user: AbstractBaseUser, request: JobRequest, idempotency: _Id
     cluster_user = _cluster_user(request, partition.cluster, user)
     hours = _gpu_hours(request, fraction)
     grant = _reserve(request, hours)
+    # A hard budget refuses the job (409 budget_exhausted); any budget is looked at after commit.
+    if budget_check(tenant=request.tenant, grant=grant, gpu_model_id=request.gpu_model.pk,
+                    share=request.share.kind, gpu_hours=hours):  # fmt: skip
+        budgets_notify_later(tenant_id=request.tenant.pk)
     cpus, mem = _cpus(request, partition, fraction), _mem(request, partition, fraction)
     job = Job.objects.create(
         tenant=request.tenant,

@@ -28,6 +28,7 @@ TITLES = {
     "method_not_allowed": "Method not allowed",
     "no_quota": "No quota",
     "quota_exhausted": "Quota exhausted",
+    "budget_exhausted": "Budget exhausted",
     "tenant_suspended": "Tenant suspended",
     "conflict": "Conflict",
     "last_owner": "Last owner",

@@ -59,7 +59,7 @@ ERROR_DESCRIPTIONS = {
     404: "`not_found`: no such object among those the caller may see.",
     409: (
         "The object's state does not allow this now: `conflict`, `last_owner`, `no_quota`, "
-        "`quota_exhausted` or `tenant_suspended`."
+        "`quota_exhausted`, `budget_exhausted` or `tenant_suspended`."
     ),
     413: "`invalid`: the body is larger than the site accepts.",
     415: "`invalid`: the body is not JSON.",

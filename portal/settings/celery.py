@@ -3,10 +3,12 @@
 
 from datetime import timedelta
 
+from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 from portal.envvars import env_int, env_secret
-from portal.settings.base import VAR_DIR
+from portal.settings.base import TIME_ZONE, VAR_DIR
+from portal.settings.billing import BUDGET_CHECK_INTERVAL_S, STATEMENT_HOUR
 from portal.settings.identity import DIRECTORY_SYNC_INTERVAL_S
 from portal.settings.jobs import GPU_SAMPLE_INTERVAL_S, JOB_POLL_INTERVAL_S, WEBHOOK_SCAN_INTERVAL_S
 
@@ -64,6 +66,8 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # is set: a new PostgreSQL connection per task cost more than a dispatch (bench/dispatch.py).
 # portal/celery.py closes stale and broken connections around tasks instead, by CONN_MAX_AGE.
 CELERY_DB_REUSE_MAX = 1_000_000
+# Beat's crontab entries (make-statements) keep the site's clock (TIME_ZONE), not UTC.
+CELERY_TIMEZONE = TIME_ZONE
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
     "heartbeat": {"task": "portal.core.tasks.heartbeat", "schedule": 30.0, "options": {"expires": 25}},
@@ -115,9 +119,20 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(GPU_SAMPLE_INTERVAL_S),
         "options": {"expires": GPU_SAMPLE_INTERVAL_S - 5},
     },
+    "check-budgets": {
+        "task": "jobs.tasks.check_budgets",
+        "schedule": float(BUDGET_CHECK_INTERVAL_S),
+        "options": {"expires": BUDGET_CHECK_INTERVAL_S - 5},
+    },
     "scan-events": {
         "task": "webhooks.tasks.scan_events",
         "schedule": float(WEBHOOK_SCAN_INTERVAL_S),
         "options": {"expires": max(1, WEBHOOK_SCAN_INTERVAL_S - 1)},
+    },
+    # Last month's statements, on the 1st (site time); a later run of the day finds them made.
+    "make-statements": {
+        "task": "reports.tasks.statements_make_due",
+        "schedule": crontab(minute=0, hour=STATEMENT_HOUR, day_of_month=1),
+        "options": {"expires": 3000},
     },
 }

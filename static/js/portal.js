@@ -21,7 +21,8 @@
       new window.Chart(canvas, {
         type: "bar",
         data: {
-          labels: data.labels.map(function (day) { return day.slice(5); }),
+          // Days show as MM-DD; names (a statement's GPU models, users) as they are.
+          labels: data.kind === "names" ? data.labels : data.labels.map(function (day) { return day.slice(5); }),
           datasets: [{ label: data.label, data: data.values, backgroundColor: "#2f6fbd", borderRadius: 3, maxBarThickness: 18 }],
         },
         options: {

@@ -10,6 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from billing.pricing import midnight
 from clusters.models import Cluster, GpuModel, Partition, Scenario, ScenarioGpu
 from clusters.selectors import catalog_names_forget
 from jobs.models import Job, JobState
@@ -62,9 +63,10 @@ class Stack:
 
     def finished_jobs(self, n: int) -> None:
         self.jobs(n, state=JobState.COMPLETED, gpu_hours=Decimal("1.5"))
-        # Spread over days, so that by day there is a row per day.
+        # Spread over days, so that by day there is a row per day: each ran 1.5 h before noon.
         for i, job in enumerate(Job.objects.filter(state=JobState.COMPLETED).order_by("id")):
-            Job.objects.filter(pk=job.pk).update(finished_at=timezone.now() - timedelta(days=i % 25))
+            noon = midnight(TODAY - timedelta(days=1 + i % 25)) + timedelta(hours=12)
+            Job.objects.filter(pk=job.pk).update(started_at=noon - timedelta(hours=1.5), finished_at=noon)
 
     def fill(self, kind: str, n: int) -> None:
         owner, tenant = self.owner, self.tenant

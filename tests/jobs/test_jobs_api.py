@@ -5,10 +5,12 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from billing.pricing import midnight
 from clusters.selectors import catalog_names_forget
 from jobs.models import JobState
 from tenants.models import Membership, Role
@@ -19,6 +21,9 @@ from tests.jobs_support import api_submit
 pytestmark = pytest.mark.django_db
 
 NOW = timezone.now()
+# Yesterday's noon in the site's time zone, and the day after it: far from any midnight.
+NOON = midnight(timezone.localdate() - timedelta(days=1)) + timedelta(hours=12)
+TO = timezone.localdate()
 
 
 def test_job_list_costs_the_same_queries_at_1_and_20_rows(client_for, member, make_job):
@@ -58,28 +63,39 @@ def test_job_filters(client_for, member, manager, make_job):
 
 
 def test_usage_by_day_user_and_gpu_model(client_for, member, manager, make_job, tenant):
-    yesterday = NOW - timedelta(days=1)
-    make_job(member, state=JobState.COMPLETED, finished_at=yesterday, gpu_hours=Decimal("1.5"))
-    make_job(member, state=JobState.COMPLETED, finished_at=NOW, gpu_hours=Decimal(2))
-    make_job(manager, state=JobState.FAILED, finished_at=NOW, gpu_hours=Decimal("0.5"))
-    make_job(member, state=JobState.RUNNING)
+    # Each job ran its GPU-hours on 1 GPU up to noon: its hours land on that day.
+    yesterday, today = NOON - timedelta(days=1), NOON  # the day before yesterday, and yesterday
+    for user, end, hours, state in [
+        (member, yesterday, "1.5", JobState.COMPLETED),
+        (member, today, "2", JobState.COMPLETED),
+        (manager, today, "0.5", JobState.FAILED),
+    ]:
+        start = end - timedelta(hours=float(hours))
+        make_job(user, state=state, started_at=start, finished_at=end, gpu_hours=Decimal(hours))
+    make_job(member, state=JobState.PENDING)  # never started: nothing used
     client = client_for(member)
-    by_user = client.get("/api/v1/usage/?tenant=protein-lab&group_by=user").json()["results"]
-    assert by_user == [{"key": "manager", "gpu_hours": 0.5}, {"key": "member", "gpu_hours": 3.5}]
-    by_day = client.get("/api/v1/usage/?group_by=day").json()["results"]
-    assert by_day == [
-        {"key": str(yesterday.date()), "gpu_hours": 1.5},
-        {"key": str(NOW.date()), "gpu_hours": 2.5},
+    by_user = client.get(f"/api/v1/usage/?tenant=protein-lab&group_by=user&to={TO}").json()
+    assert by_user["results"] == [
+        {"key": "manager", "gpu_hours": 0.5, "cost": "0.00"},
+        {"key": "member", "gpu_hours": 3.5, "cost": "0.00"},
     ]
-    by_model = client.get(f"/api/v1/usage/?group_by=gpu_model&from={NOW.date()}").json()["results"]
-    assert by_model == [{"key": "h100-80gb", "gpu_hours": 2.5}]
-    reversed_range = client.get(f"/api/v1/usage/?from={NOW.date()}&to={yesterday.date()}")
+    assert by_user["currency"] == settings.PORTAL_CURRENCY
+    by_day = client.get(f"/api/v1/usage/?group_by=day&to={TO}").json()["results"]
+    assert [(r["key"], r["gpu_hours"]) for r in by_day] == [
+        (str(yesterday.date()), 1.5),
+        (str(today.date()), 2.5),
+    ]
+    by_model = client.get(f"/api/v1/usage/?group_by=gpu_model&from={today.date()}&to={TO}").json()["results"]
+    assert [(r["key"], r["gpu_hours"]) for r in by_model] == [("h100-80gb", 2.5)]
+    reversed_range = client.get(f"/api/v1/usage/?from={today.date()}&to={yesterday.date()}")
     assert reversed_range.status_code == 400 and "from" in reversed_range.json()["errors"]
     assert client.get("/api/v1/usage/?group_by=week").status_code == 400
 
 
 def test_usage_of_another_tenant_is_empty(client_for, outsider, make_job, member):
-    make_job(member, state=JobState.COMPLETED, finished_at=NOW, gpu_hours=Decimal(2))
+    make_job(
+        member, state=JobState.COMPLETED, started_at=NOW - timedelta(hours=2), finished_at=NOW, gpu_hours=2
+    )
     assert client_for(outsider).get("/api/v1/usage/?tenant=protein-lab").json()["results"] == []
 
 

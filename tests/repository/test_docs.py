@@ -49,8 +49,10 @@ ROOMS = (
     "clusters",
     "clusters/backends",
     "tenants",
+    "billing",
     "jobs",
     "jobs/services",
+    "reports",
     "monitoring",
     "identity",
 )

@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.db import connection, transaction
@@ -396,6 +397,28 @@ def test_a_grant_ending_soon_is_delivered(client_for, owner, grant, loopback_all
     assert body["data"]["grant"] | {"id": None} == {
         "id": None, "ends_on": grant.ends_on.isoformat(), "days_left": 3,
         "scenario": grant.scenario.slug, "gpu_model": grant.gpu_model.slug,
+    }  # fmt: skip
+
+
+def test_a_budget_threshold_is_delivered(client_for, owner, member, tenant, catalog, make_job, loopback_allowed,
+                                         received):  # fmt: skip
+    from billing.models import Budget
+    from billing.pricing import month_start
+    from jobs.budgets import budgets_notify
+    from tests.budgets_support import priced
+
+    made = make_endpoint(client_for(owner), received["address"], events=("budget.threshold",))
+    services.events_scan()
+    priced(catalog[1])
+    budget = Budget.objects.create(tenant=tenant, period="month", amount=Decimal(100), hard=True)
+    make_job(member, reserved_gpu_hours=Decimal(8))  # 80.00 of 100.00
+    assert budgets_notify() == 1
+    scan_and_deliver()
+    (body,) = [verify(r, made["secret"]) for r in received["requests"]]
+    assert body["type"] == "budget.threshold" and body["tenant"] == "protein-lab"
+    assert body["data"]["budget"] == {
+        "id": str(budget.pk), "threshold": 80, "period": "month", "grant": None, "amount": "100.00",
+        "spent": "80.00", "currency": "CNY", "period_start": month_start(timezone.localdate()).isoformat(),
     }  # fmt: skip
 
 
