@@ -1,5 +1,7 @@
 """The price list in the API: exact decimal strings, in the site's currency."""
 
+from decimal import Decimal
+
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -52,3 +54,38 @@ class TierMultiplierOut(serializers.ModelSerializer):
     @extend_schema_field(serializers.BooleanField())
     def get_in_force(self, row) -> bool:
         return selectors.in_force(row, timezone.now())
+
+
+MONEY_SCHEMA = {
+    "type": "string",
+    "format": "decimal",
+    "pattern": r"^[0-9]{1,12}(\.[0-9]{1,2})?$",
+    "example": "1200.00",
+}
+
+
+@extend_schema_field(MONEY_SCHEMA)
+class MoneyIn(serializers.DecimalField):
+    """An amount in: a decimal string ("1200.50"), as amounts go out, never a JSON number (a
+    binary float on the way is how cents get lost); at most 2 places, not negative."""
+
+    def __init__(self, *, max_digits: int = 14, decimal_places: int = 2, **kwargs):
+        kwargs.setdefault("min_value", Decimal(0))
+        super().__init__(
+            max_digits=max_digits, decimal_places=decimal_places, coerce_to_string=True, **kwargs
+        )
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+@extend_schema_field(
+    MONEY_SCHEMA | {"pattern": r"^(0\.(0[1-9]|[1-9][0-9]?)|[1-9][0-9]{0,11}(\.[0-9]{1,2})?)$"}
+)
+class PositiveMoneyIn(MoneyIn):
+    """An amount in that must be more than nothing (a budget)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(min_value=Decimal("0.01"), **kwargs)

@@ -118,8 +118,10 @@ def budget_status(
 def budgets_of(*, tenant: Tenant, now: datetime | None = None) -> list[BudgetStatus]:
     """The tenant's budgets with their figures, the monthly one first; the caller scoped the
     tenant to what the user may see."""
+    budgets = list(Budget.objects.filter(tenant=tenant).select_related("tenant", "grant"))
+    if not budgets:  # the dashboard of a tenant without a budget reads no price list
+        return []
     book = PriceBook.load()
-    budgets = Budget.objects.filter(tenant=tenant).select_related("tenant", "grant").order_by("period", "id")
     rows = [budget_status(budget=budget, book=book, now=now) for budget in budgets]
     return sorted(rows, key=lambda row: (row.budget.period != BudgetPeriod.MONTH, row.budget.pk))
 

@@ -15,7 +15,8 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from billing import money
-from billing.models import AMOUNT_PLACES, BudgetPeriod
+from billing.models import BudgetPeriod
+from billing.serializers import PositiveMoneyIn
 from clusters.models import Cluster, GpuModel, Scenario
 from clusters.selectors import CatalogNames, catalog_names
 from clusters.shares import ShareKind
@@ -29,7 +30,6 @@ from portal.core.serializers import (
     SlugRef,
     StrictBooleanField,
     StrictCharField,
-    StrictDecimalField,
     StrictIntegerField,
 )
 from tenants.models import Tier
@@ -636,21 +636,18 @@ class BudgetPageOut(serializers.Serializer):
     results = BudgetOut(many=True)
 
 
-AMOUNT = {"max_digits": 14, "decimal_places": AMOUNT_PLACES, "min_value": Decimal("0.01")}
-
-
 class BudgetIn(serializers.Serializer):
     period = serializers.ChoiceField(choices=BudgetPeriod.choices)
     grant = StrictCharField(
         required=False, allow_null=True, default=None, validators=[RegexValidator(f"^{ID_LOOKUP}$")],
         help_text="The tenant's grant (its id) of a budget per grant; null for a monthly one.",
     )  # fmt: skip
-    amount = StrictDecimalField(**AMOUNT, help_text="In the site's currency, a JSON number.")
+    amount = PositiveMoneyIn(help_text='In the site\'s currency, a decimal string: "1200.00".')
     hard = StrictBooleanField(required=False, default=False)
 
 
 class BudgetPatch(serializers.Serializer):
     """Either or both; a budget's period and grant stay (delete it and make another)."""
 
-    amount = StrictDecimalField(**AMOUNT, required=False)
+    amount = PositiveMoneyIn(required=False)
     hard = StrictBooleanField(required=False)

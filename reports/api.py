@@ -138,6 +138,7 @@ class StatementViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         statement = self.one(pk)
         return download(statement_xlsx(statement), filename=statement_filename(statement), fmt="xlsx")
 
+
 # --- Site report
 
 

@@ -9,6 +9,7 @@ from decimal import Decimal
 
 from django.http import HttpResponse
 from openpyxl import Workbook
+from openpyxl.styles import Font
 from openpyxl.utils import get_column_letter
 
 CSV_TYPE = "text/csv; charset=utf-8"
@@ -41,7 +42,7 @@ def xlsx_bytes(sheets: dict[str, tuple[Sequence[str], Iterable[Sequence]]]) -> b
         sheet = book.create_sheet(title[:31])
         sheet.append(list(headers))
         for cell in sheet[1]:
-            cell.font = cell.font.copy(bold=True)
+            cell.font = Font(bold=True)
         for row in rows:
             sheet.append([_cell(value) for value in row])
         for i, header in enumerate(headers, start=1):

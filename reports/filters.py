@@ -2,17 +2,24 @@
 
 import django_filters
 from django.core.validators import RegexValidator
+from drf_spectacular.utils import extend_schema_field
 
 from reports.models import Statement
 
 # --- Statements
 
-MONTH_FILTER = RegexValidator(r"^[0-9]{4}-(0[1-9]|1[0-2])$", "A month as YYYY-MM.")
+MONTH = r"^[0-9]{4}-(0[1-9]|1[0-2])$"
+MONTH_FILTER = RegexValidator(MONTH, "A month as YYYY-MM.")
+
+
+@extend_schema_field({"type": "string", "pattern": MONTH})
+class MonthFilter(django_filters.CharFilter):
+    """A month as YYYY-MM: the schema says what the filter accepts."""
 
 
 class StatementFilter(django_filters.FilterSet):
     tenant = django_filters.CharFilter(field_name="tenant_slug", max_length=63)
-    month = django_filters.CharFilter(method="filter_month", max_length=7, validators=[MONTH_FILTER])
+    month = MonthFilter(method="filter_month", max_length=7, validators=[MONTH_FILTER])
 
     class Meta:
         model = Statement

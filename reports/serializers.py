@@ -8,6 +8,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from billing import money
+from billing.serializers import MoneyIn
 from clusters.models import Cluster, GpuModel
 from jobs.serializers import RangeIn
 from portal.core.serializers import SlugRef, StrictCharField, StrictDecimalField, StrictIntegerField
@@ -271,14 +272,12 @@ class SiteReportOut(serializers.Serializer):
 TCO_MONEY_SCHEMA = {"type": "string", "pattern": r"^-?[0-9]+(\.[0-9]+)?$", "example": "300000.00"}
 
 
-class TcoMoneyIn(serializers.DecimalField):
-    def __init__(self, **kwargs):
-        super().__init__(coerce_to_string=True, min_value=Decimal(0), **kwargs)
+@extend_schema_field(TCO_MONEY_SCHEMA | {"format": "decimal", "pattern": r"^[0-9]{1,12}(\.[0-9]{1,4})?$"})
+class TcoMoneyIn(MoneyIn):
+    """An amount of the TCO view: a decimal string (billing.serializers.MoneyIn)."""
 
-    def to_internal_value(self, data):
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
+    def __init__(self, *, max_digits: int, decimal_places: int, **kwargs):
+        super().__init__(max_digits=max_digits, decimal_places=decimal_places, **kwargs)
 
 
 @extend_schema_field(TCO_MONEY_SCHEMA)
@@ -331,8 +330,13 @@ class TcoProfileIn(serializers.Serializer):
     cloud_prices = CloudPriceIn(many=True, required=False, max_length=20)
 
 
+@extend_schema_field({"type": "string", "format": "decimal", "pattern": r"^(0(\.[0-9]{1,4})?|1(\.0{1,4})?)$"})
+class UtilizationIn(serializers.DecimalField):
+    """0 to 1 with at most 4 places: the schema says so, not only the field's checks."""
+
+
 class TcoQuery(serializers.Serializer):
-    utilization = serializers.DecimalField(
+    utilization = UtilizationIn(
         max_digits=5, decimal_places=4, min_value=Decimal(0), max_value=Decimal(1), required=False,
         help_text="What-if utilization, 0 to 1, instead of the measured one.",
     )  # fmt: skip

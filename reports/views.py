@@ -81,6 +81,7 @@ def statement(request: HttpRequest, slug: str, key: str) -> HttpResponse:
     }
     return render(request, "reports/statement.html", context)
 
+
 # --- Site report
 
 

@@ -329,6 +329,45 @@ def usage(case) -> None:
     query["to"] = end.isoformat()
 
 
+def tco_profile(case, body: dict) -> None:
+    """A place without a profile yet (a cluster without one, or the whole site while it has none;
+    a PATCH keeps its place), an existing GPU model, and each cloud provider once."""
+    if case.method == "PATCH":
+        body.pop("cluster", None)
+    else:
+        taken = {profile["cluster"] for profile in _all("/tco/")}
+        free = [c["slug"] for c in _all("/clusters/") if c["slug"] not in taken]
+        free += [None] if None not in taken else []
+        if free:
+            body["cluster"] = pick(free, body.get("cluster"))
+    models = sorted({model for _scenario, model in refs()["pairs"]})
+    if "gpu_model" in body and models:
+        body["gpu_model"] = pick(models, body["gpu_model"])
+    if isinstance(body.get("cloud_prices"), list):
+        seen = set()
+        for i, row in enumerate(body["cloud_prices"]):
+            if isinstance(row, dict) and isinstance(row.get("provider"), str):
+                while row["provider"] in seen:
+                    row["provider"] = f"{row['provider'][:58]}-{i}"[:64]
+                seen.add(row["provider"])
+
+
+def statement(case, body: dict) -> None:
+    """A tenant the caller sees and a month that has ended (one of the first months of 2000: the
+    stack's tenants had no jobs then, so the statements are empty and cheap)."""
+    tenants = sorted(visible_tenants())
+    if tenants:
+        body["tenant"] = pick(tenants, body.get("tenant"))
+    body["month"] = f"2000-{pick(list(range(1, 13)), body.get('month')):02d}"
+
+
+# GET operations whose `from` and `to` follow the rules of GET /usage/.
+RANGES = {
+    "GET /api/v1/usage/", "GET /api/v1/reports/site/", "GET /api/v1/reports/site/csv/",
+    "GET /api/v1/reports/site/xlsx/",
+}  # fmt: skip
+
+
 BODIES = {
     "POST /api/v1/jobs/": job,
     "POST /api/v1/quota-requests/": quota_request,
@@ -344,6 +383,9 @@ BODIES = {
     "PATCH /api/v1/tenants/{tenant_slug}/webhooks/{id}/": webhook,
     "POST /api/v1/cohorts/": cohort,
     "PATCH /api/v1/cohorts/{slug}/": cohort_change,
+    "POST /api/v1/tco/": tco_profile,
+    "PATCH /api/v1/tco/{id}/": tco_profile,
+    "POST /api/v1/statements/": statement,
 }
 
 
@@ -367,7 +409,7 @@ def before_call(context, case, kwargs):
     meta = case.meta
     if meta is None or not meta.generation.mode.is_positive:
         return
-    if label == "GET /api/v1/usage/" and isinstance(case.query, dict):
+    if label in RANGES and isinstance(case.query, dict):
         usage(case)
     elif label in BODIES and isinstance(case.body, dict):
         BODIES[label](case, case.body)

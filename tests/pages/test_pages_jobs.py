@@ -192,7 +192,8 @@ def test_lists_take_the_same_queries_for_1_and_20_jobs(web, member, grant, local
     with CaptureQueriesContext(connection) as twenty:
         response = client.get(url)
     assert len(response.context["jobs"]) == 20
-    assert len(twenty) == len(one) <= 16, [q["sql"] for q in twenty.captured_queries]
+    # 17: the dashboard's budget panel reads the tenant's budgets (none here: nothing priced).
+    assert len(twenty) == len(one) <= 17, [q["sql"] for q in twenty.captured_queries]
 
 
 # --- Job page

@@ -54,5 +54,5 @@ def test_the_page_draws_its_charts(live_server, used, admin_user):
         expect(page.get_by_role("heading", level=1)).to_have_text("Site report")
         for chart in ("site-hours-chart", "site-cost-chart", "site-util-chart", "site-tenants-chart"):
             expect(page.locator(f"canvas#{chart}[data-drawn]")).to_be_visible()
-        expect(page.locator("#usage-tenant tr[data-key='protein-lab'] td").nth(2)).to_have_text("15.00")
+        expect(page.locator("#usage-tenant tr[data-key='protein-lab'] td").nth(2)).to_have_text("CN¥15.00")
         screenshot(page, "site-report")
