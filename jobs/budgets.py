@@ -36,8 +36,9 @@ from tenants.selectors import tenant_manager_emails
 
 log = logging.getLogger(__name__)
 
-# The jobs whose GPU-hours are still reserved: waiting in the portal or the scheduler, or running.
-HOLDING = (JobState.QUEUED, JobState.SUBMITTING, JobState.PENDING, JobState.RUNNING)
+# The jobs whose GPU-hours are still reserved: waiting in the portal or the scheduler, running, or
+# being cancelled (until the scheduler confirms the end, the reservation stays).
+HOLDING = (JobState.QUEUED, JobState.SUBMITTING, JobState.PENDING, JobState.RUNNING, JobState.CANCELLING)
 NOTIFY_TASK = "jobs.tasks.check_budgets"
 HUNDRED = Decimal(100)
 
@@ -149,14 +150,15 @@ def budget_check(
     spent and reserved, with what the job's GPU-hours would cost at today's prices, above the
     amount. Returns the budgets the job counts against, so that the caller asks for notices.
 
-    With `lock` (a submission, inside its transaction) the budget rows are locked first: two
-    submissions that each fit alone but not together would otherwise both read the spent
-    before either's job is stored, and both pass. The second waits here for the first's commit
+    With `lock` (a submission, inside its transaction) the budget rows are locked where a hard
+    one applies: two submissions that each fit alone but not together would otherwise both read
+    the spent before either's job is stored, and both pass. The second waits here for the first's commit
     and then reads its job among the reserved. A preview reads without locking."""
-    budgets = _applicable(tenant, grant)
-    if lock:
-        budgets = budgets.select_for_update(of=("self",))
-    budgets = list(budgets)
+    budgets = list(_applicable(tenant, grant))
+    if lock and any(budget.hard for budget in budgets):
+        # Only where a hard budget applies: a tenant with soft budgets alone never queues its
+        # submissions here. Read again under the lock (a change of `hard` takes it too).
+        budgets = list(_applicable(tenant, grant).select_for_update(of=("self",)))
     if not any(budget.hard for budget in budgets):
         return budgets
     book, now = PriceBook.load(), timezone.now()

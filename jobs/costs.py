@@ -52,9 +52,14 @@ FIGURE_COLUMNS = (
 )  # fmt: skip
 
 
+# A job that started and has not ended uses its GPUs: RUNNING, and CANCELLING until its
+# scheduler confirms the end (which may take long while its cluster is unreachable).
+USING_GPUS = (JobState.RUNNING, JobState.CANCELLING)
+
+
 def so_far(job: Figures, now: datetime) -> Decimal:
     """GPU-hours a running job's current run has used up to now, at most what it reserved."""
-    if job.state != JobState.RUNNING or job.started_at is None:
+    if job.state not in USING_GPUS or job.started_at is None:
         return ZERO
     seconds = Decimal(max(0.0, (now - job.started_at).total_seconds()))
     return min(job.reserved_gpu_hours, (seconds / 3600 * job.rate).quantize(HOURS))
@@ -99,7 +104,7 @@ def pieces_of(
             pieces.append(Piece(attempt.started_at, rate, charged))
     if job.started_at is None:
         return pieces
-    if job.state == JobState.RUNNING:
+    if job.state in USING_GPUS:
         pieces.append(Piece(job.started_at, rate, so_far(job, now)))
     elif job.gpu_hours is not None and job.gpu_hours > earlier:
         pieces.append(Piece(job.started_at, rate, job.gpu_hours - earlier))

@@ -215,7 +215,7 @@ USAGE_GROUPS = ("day", "user", "gpu_model", "tenant", "scenario", "cluster")
 
 # What a usage row of a job is keyed by, per group (the day is its charge's, below).
 USAGE_KEYS = {
-    "user": lambda job: job.submitted_by.username,
+    "user": lambda job: job.submitted_by.username if job.submitted_by_id else "",  # "": a deleted account
     "gpu_model": lambda job: job.gpu_model.slug,
     "tenant": lambda job: job.tenant.slug,
     "scenario": lambda job: job.scenario.slug,

@@ -8,7 +8,7 @@ from reports.models import Statement
 
 # --- Statements
 
-MONTH = r"^[0-9]{4}-(0[1-9]|1[0-2])$"
+MONTH = r"^2[0-9]{3}-(0[1-9]|1[0-2])$"  # the years 2000–2999
 MONTH_FILTER = RegexValidator(MONTH, "A month as YYYY-MM.")
 
 

@@ -40,7 +40,11 @@ class Statement(models.Model):
     class Meta:
         ordering = ["-month", "tenant_slug"]
         constraints = [
-            models.UniqueConstraint(fields=["tenant_slug", "month"], name="one_statement_per_tenant_month")
+            # Per tenant, not per slug: a tenant deleted keeps its statements (tenant NULL), and a
+            # new tenant that takes its slug gets statements of its own.
+            models.UniqueConstraint(
+                fields=["tenant", "month"], condition=Q(tenant__isnull=False), name="one_statement_per_tenant_month"
+            )
         ]
 
     def __str__(self) -> str:

@@ -83,4 +83,13 @@ def statement_pdf(statement: Statement, *, language: str) -> bytes:
             "PDF statements are not available on this server: WeasyPrint cannot load its libraries "
             "(Pango). The statement's page, CSV and XLSX are."
         ) from error
-    return HTML(string=statement_html(statement, language=language)).write_pdf()
+    # Nothing is fetched while rendering: the page carries its styles and charts inline, fonts
+    # come from fontconfig, and a name in a statement (its users' and jobs' text) that looked
+    # like a URL must never make the server read a file or call an address.
+    return HTML(
+        string=statement_html(statement, language=language), base_url=None, url_fetcher=refuse_fetch
+    ).write_pdf()
+
+
+def refuse_fetch(url: str, *args, **kwargs):
+    raise ValueError(f"a statement's PDF fetches nothing ({url[:80]!r} refused)")

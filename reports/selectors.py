@@ -58,7 +58,7 @@ def statements_visible_to(*, user: AbstractBaseUser) -> QuerySet[Statement]:
     all, those of deleted tenants too."""
     if not user.is_authenticated or not user.is_active:
         return Statement.objects.none()
-    if user.is_staff and sees_all_tenants(user):
+    if sees_all_tenants(user):
         return Statement.objects.all()
     return Statement.objects.filter(tenant_id__in=tenant_id_list_visible_to(user=user))
 

@@ -18,7 +18,7 @@ from tenants.models import Tenant
 
 # --- Statements
 
-MONTH_PATTERN = r"^[0-9]{4}-(0[1-9]|1[0-2])$"
+MONTH_PATTERN = r"^2[0-9]{3}-(0[1-9]|1[0-2])$"  # the years 2000–2999, as dates elsewhere
 # An amount as the API gives it: a decimal string rounded to the currency's minor unit, half to
 # even (billing.money.as_api); `*_exact` fields give the unrounded value.
 MONEY_SCHEMA = {"type": "string", "pattern": r"^-?[0-9]+(\.[0-9]+)?$", "example": "1234.50"}

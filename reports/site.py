@@ -136,6 +136,7 @@ def site_report_of(
     allocated: dict[tuple[int, date], float] = defaultdict(float)
     waits: dict[str, dict[str, list[float]]] = {"scenario": defaultdict(list), "tier": defaultdict(list)}
     days = _days(start, end)
+    midnights = {day: midnight(day) for day in [*days, end + timedelta(days=1)]}
     for job in jobs:
         job_attempts = attempts.get(job.pk, [])
         keys = {
@@ -151,16 +152,20 @@ def site_report_of(
                 tally = usage[group][key]
                 tally.gpu_hours += charge.gpu_hours
                 tally.cost += charge.cost
-            users[job.submitted_by.username].gpu_hours += charge.gpu_hours
-            users[job.submitted_by.username].cost += charge.cost
+            user = users[job.submitted_by.username if job.submitted_by_id else ""]  # "": a deleted account
+            user.gpu_hours += charge.gpu_hours
+            user.cost += charge.cost
             report.gpu_hours += charge.gpu_hours
             report.cost += charge.cost
         rate = float(job.gpus * job.device_fraction)
         for run_start, run_end in _runs(job, job_attempts, now):
-            for day in days:
-                seconds = _overlap_s(run_start, run_end, midnight(day), midnight(day + timedelta(days=1)))
+            # only the days the run touches, within the range (not every day for every run)
+            day = max(days[0], timezone.localdate(run_start)) if days else None
+            while day is not None and day <= days[-1] and midnights[day] < run_end:
+                seconds = _overlap_s(run_start, run_end, midnights[day], midnights[day + timedelta(days=1)])
                 if seconds:
                     allocated[(job.partition_id, day)] += rate * seconds / 3600
+                day += timedelta(days=1)
         first = _first_start(job, job_attempts)
         if first is not None and lo <= first < hi:
             wait_s = max(0.0, (first - job.created).total_seconds())

@@ -65,7 +65,7 @@ def statement_make(*, tenant: Tenant, month: date, now: datetime | None = None) 
         raise Invalid({"month": "The month has not ended yet; its statement is made once it has."})
     # Two callers at once (beat and a platform admin): the second waits here, then finds the first's.
     tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
-    existing = Statement.objects.filter(tenant_slug=tenant.slug, month=month).first()
+    existing = Statement.objects.filter(tenant=tenant, month=month).first()
     if existing is not None:
         return existing, False
 

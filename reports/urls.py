@@ -8,7 +8,7 @@ from portal.core.serializers import SLUG_LOOKUP
 from reports import api, views
 
 # A statement's page: by its month (YYYY-MM) or its id.
-STATEMENT_KEY = r"[0-9]{4}-(?:0[1-9]|1[0-2])|[0-9]{1,18}"
+STATEMENT_KEY = r"2[0-9]{3}-(?:0[1-9]|1[0-2])|[0-9]{1,18}"
 # Statements: list, make, read, and the PDF, CSV and XLSX actions (with their renderers).
 statement_routes = SimpleRouter()
 statement_routes.register("statements", api.StatementViewSet, basename="statement")

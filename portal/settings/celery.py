@@ -129,10 +129,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(WEBHOOK_SCAN_INTERVAL_S),
         "options": {"expires": max(1, WEBHOOK_SCAN_INTERVAL_S - 1)},
     },
-    # Last month's statements, on the 1st (site time); a later run of the day finds them made.
+    # Last month's statements: made on the 1st (site time). It runs every day, so that a 1st
+    # on which beat or the workers were down, or a tenant's statement failed, is made up the
+    # next day; a run that finds them made (and mailed) does nothing.
     "make-statements": {
         "task": "reports.tasks.statements_make_due",
-        "schedule": crontab(minute=0, hour=STATEMENT_HOUR, day_of_month=1),
+        "schedule": crontab(minute=0, hour=STATEMENT_HOUR),
         "options": {"expires": 3000},
     },
 }

@@ -124,6 +124,9 @@ LOGGING = {
     "loggers": {
         # Paramiko logs key exchange details at DEBUG; keep it quiet unless asked.
         "paramiko": {"level": "WARNING"},
+        # WeasyPrint logs each step of each PDF (reports/pdf.py) at INFO; its warnings matter.
+        "weasyprint": {"level": "WARNING"},
+        "fontTools": {"level": "WARNING"},
         "django.db.backends": {"level": "INFO"},
     },
 }

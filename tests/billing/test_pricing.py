@@ -162,3 +162,18 @@ def test_month_cuts_are_the_site_time_zones_midnights(settings):
 
 def test_a_piece_with_no_rate_ends_where_it_starts():
     assert Piece(T0, Decimal(0), Decimal(1)).end == T0
+
+
+def test_a_job_being_cancelled_costs_so_far_until_its_end_is_confirmed(owner, make_job, h100):
+    """CANCELLING may last while its cluster is unreachable: its GPUs are still in use."""
+    now = timezone.now()
+    price(h100, "10", now - timedelta(days=3))
+    job = make_job(
+        owner, state=JobState.CANCELLING, gpus=1, started_at=now - timedelta(hours=2),
+        reserved_gpu_hours=Decimal("8.00"), gpu_model=h100,
+    )  # fmt: skip
+    never_started = make_job(owner, state=JobState.CANCELLING, gpu_model=h100)
+    book = PriceBook.load()
+    assert cost_of(job, book, now=now) == Decimal("20.0000")
+    assert reserved_cost(job, book, now=now) == Decimal("60.0000")
+    assert cost_of(never_started, book, now=now) == 0

@@ -94,3 +94,20 @@ def test_group_by_tenant_scenario_and_cluster_over_the_tenants_one_sees(
     assert keys(member, "cluster") == [("local", 9.0, "18.00")]
     assert keys(outsider, "tenant") == []  # outsider's job was made in protein-lab, which it cannot see
     assert client_for(member).get(url + "partition").status_code == 400
+
+
+def test_a_job_whose_submitter_was_deleted_counts_under_no_name(
+    client_for, admin_user, member, make_job, prices
+):
+    ran(make_job, None, start=midnight(D1) + timedelta(hours=1), hours=1)
+    ran(make_job, member, start=midnight(D1) + timedelta(hours=3), hours=1)
+    rows = client_for(member).get(f"/api/v1/usage/?from={D1}&to={D1}&group_by=user").json()["results"]
+    assert rows == [
+        {"key": "", "gpu_hours": 1.0, "cost": "2.00"},
+        {"key": "member", "gpu_hours": 1.0, "cost": "2.00"},
+    ]
+    top = client_for(admin_user).get(f"/api/v1/reports/site/?from={D1}&to={D1}").json()["top"]["users"]
+    assert top == [
+        {"key": "", "gpu_hours": 1.0, "cost": "2.00"},
+        {"key": "member", "gpu_hours": 1.0, "cost": "2.00"},
+    ]

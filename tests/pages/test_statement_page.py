@@ -31,6 +31,7 @@ def test_a_viewer_reads_the_list_and_the_statement_by_month_or_id(web, viewer, s
         assert 'data-total="cost">CN¥615.12<' in html
         assert f"/api/v1/statements/{statement.pk}/pdf/?lang=zh-hans" in html
     assert client.get("/t/protein-lab/statements/2025-04/").status_code == 404
+    assert client.get("/t/protein-lab/statements/0000-01/").status_code == 404  # no such month: not a 500
 
 
 def test_an_outsider_gets_404_for_the_tenants_statements(web, outsider, statement):

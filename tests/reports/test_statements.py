@@ -163,10 +163,18 @@ def test_the_task_run_twice_makes_and_mails_once(tenant, owner, django_capture_o
     assert len(mail.outbox) == 1 and Statement.objects.get().cost == 0
 
 
-def test_the_beat_entry_runs_on_the_first_at_the_statement_hour(settings):
+def test_the_beat_entry_runs_daily_at_the_statement_hour_and_makes_up_a_missed_first(
+    settings, march, tenant, owner, django_capture_on_commit_callbacks
+):
     entry = settings.CELERY_BEAT_SCHEDULE["make-statements"]
     assert entry["task"] == "reports.tasks.statements_make_due"
     schedule = entry["schedule"]
-    assert (
-        schedule.day_of_month == {1} and schedule.hour == {settings.STATEMENT_HOUR} and schedule.minute == {0}
+    assert (schedule.hour, schedule.minute, len(schedule.day_of_month)) == (
+        {settings.STATEMENT_HOUR},
+        {0},
+        31,
     )
+    # Beat was down on April 1st: the run of the 3rd makes March's statement all the same.
+    with django_capture_on_commit_callbacks(execute=True):
+        assert statements_make_due(now=at(3, 1, month=4))["made"] == 1
+    assert Statement.objects.get(tenant=tenant).month == MARCH

@@ -12,6 +12,7 @@ from openpyxl import load_workbook
 from pypdf import PdfReader
 
 from reports.models import Statement
+from reports.pdf import refuse_fetch
 from reports.statements import statement_make
 from tests.api_support import assert_problem
 from tests.statements_support import MARCH, at, make_march
@@ -70,6 +71,9 @@ def test_only_platform_admins_make_one_200_when_it_exists(client_for, owner, adm
     assert made.status_code == 201 and made.json()["cost"] == "20.00"  # the February job
     future = client_for(admin_user).post("/api/v1/statements/", {**body, "month": "2999-01"}, format="json")
     assert_problem(future, 400, "invalid")
+    for month in ("0000-01", "1999-12", "2025-00"):  # outside the years 2000–2999, or no month
+        bad = client_for(admin_user).post("/api/v1/statements/", {**body, "month": month}, format="json")
+        assert list(assert_problem(bad, 400, "invalid")["errors"]) == ["month"]
     assert Statement.objects.count() == 2
 
 
@@ -128,3 +132,16 @@ def test_the_list_costs_the_same_queries_for_1_and_20_statements(client_for, mem
         return len(queries)
 
     assert count(1) == count(20)
+
+
+def test_a_name_that_looks_like_markup_is_text_in_the_pdf_and_fetches_nothing(
+    client_for, member, tenant, catalog
+):
+    tenant.name = '<img src="file:///etc/hostname"> Lab'
+    tenant.save()
+    made, _ = statement_make(tenant=tenant, month=MARCH, now=at(2, 0, month=4))
+    response = client_for(member).get(f"/api/v1/statements/{made.pk}/pdf/?lang=en")
+    assert response.status_code == 200
+    assert '<img src="file:///etc/hostname"> Lab' in pdf_text(response.content)
+    with pytest.raises(ValueError, match="fetches nothing"):
+        refuse_fetch("file:///etc/hostname")

@@ -6,6 +6,8 @@ import pytest
 from django.contrib.auth import authenticate, get_user_model
 from django.core.management import call_command
 
+from billing.models import Budget, Price
+from clusters.models import GpuModel
 from portal.core.staff import can_decide_quota, is_platform_admin, sees_all_tenants, staff_roles_of
 from tenants.models import Membership, QuotaGrant, QuotaRequest, Role
 
@@ -33,3 +35,8 @@ def test_demo_data_is_idempotent_and_its_logins_work(tmp_path, capsys, settings)
     assert logins["carol"] in first
     assert QuotaGrant.objects.filter(tenant__slug="protein-lab").count() == 1
     assert QuotaRequest.objects.filter(tenant__slug="cfd-group", state="pending").count() == 1
+    # Every model has a price in force (billing's demo_prices), and protein-lab a monthly budget.
+    assert set(Price.objects.values_list("gpu_model_id", flat=True)) == set(
+        GpuModel.objects.values_list("pk", flat=True)
+    )
+    assert Budget.objects.get().tenant.slug == "protein-lab"

@@ -26,15 +26,13 @@ class Command(BaseCommand):
     @transaction.atomic
     def handle(self, *args, **options):
         since = timezone.make_aware(datetime(timezone.localdate().year, 1, 1))
-        made = 0
         for model in GpuModel.objects.all():
-            _, created = Price.objects.get_or_create(
+            Price.objects.get_or_create(
                 gpu_model=model,
                 share="whole",
                 effective_from=since,
                 defaults={"per_gpu_hour": model.cost_index * PER_COST_INDEX_POINT, "note": "demo"},
             )
-            made += created
         for tier, multiplier in MULTIPLIERS.items():
             TierMultiplier.objects.get_or_create(
                 tier=tier, effective_from=since, defaults={"multiplier": multiplier}
@@ -45,4 +43,5 @@ class Command(BaseCommand):
             Budget.objects.get_or_create(
                 tenant=tenant, period=BudgetPeriod.MONTH, defaults={"amount": amount}
             )
-        self.stdout.write(f"Demo prices: {made} added.")
+        priced = Price.objects.values("gpu_model").distinct().count()
+        self.stdout.write(f"Demo prices: {priced} GPU models priced (the console's price list changes them).")

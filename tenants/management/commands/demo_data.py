@@ -75,6 +75,7 @@ class Command(BaseCommand):
             if not QuotaRequest.objects.exists():
                 self._quota(tenants, admin=User.objects.get(username="admin"))
             self._local_cluster()
+        call_command("demo_prices", stdout=self.stdout)  # billing's (an app above this one): by name
         if (settings.BASE_DIR / "var" / "testbed" / "testbed.env").exists():
             call_command("register_testbed", stdout=self.stdout)
         logins_path.touch(mode=0o600)
