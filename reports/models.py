@@ -43,7 +43,9 @@ class Statement(models.Model):
             # Per tenant, not per slug: a tenant deleted keeps its statements (tenant NULL), and a
             # new tenant that takes its slug gets statements of its own.
             models.UniqueConstraint(
-                fields=["tenant", "month"], condition=Q(tenant__isnull=False), name="one_statement_per_tenant_month"
+                fields=["tenant", "month"],
+                condition=Q(tenant__isnull=False),
+                name="one_statement_per_tenant_month",
             )
         ]
 

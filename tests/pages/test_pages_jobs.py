@@ -103,10 +103,11 @@ def test_dashboard_shows_each_grants_bars_the_active_jobs_usage_and_events(
     web, member, grant, local_partition
 ):
     running = make_job(grant, local_partition, member, state=JobState.RUNNING, name="train")
+    # usage counts GPU-hours on the days a job ran them: the job needs its start
     make_job(
         grant, local_partition, member, state=JobState.COMPLETED, name="done",
         started_at=timezone.now() - timedelta(minutes=90), finished_at=timezone.now(), gpu_hours=Decimal("1.5"),
-    )  # fmt: skip  (usage counts GPU-hours on the days a job ran them: it needs its start)
+    )  # fmt: skip
     response = web(member).get("/t/protein-lab/")
     page = response.content.decode()
     assert response.status_code == 200
