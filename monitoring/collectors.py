@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 from decimal import Decimal
 
-from django.db.models import Count, Sum
+from django.db.models import Count, Max, Sum
 from django.utils import timezone
 from kombu.exceptions import ChannelError
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from billing.models import Budget, BudgetNotice
 from clusters.breaker import breakers_cooling
 from clusters.models import Cluster
 from jobs.models import Job, JobState
@@ -51,6 +52,7 @@ class PortalCollector:
         yield from self._guarded("broker", self._queues)
         yield from self._guarded("database", self._clusters_and_jobs)
         yield from self._guarded("database", self._tenants)
+        yield from self._guarded("database", self._budgets)
         errors = CounterMetricFamily(
             "portal_scrape_errors", "Sources /metrics could not read, in this process.", labels=["source"]
         )
@@ -151,3 +153,32 @@ class PortalCollector:
         for slug, n in sorted(in_use.items()):
             gpus.add_metric([slug], n)
         yield from (gpus, granted_gpus, granted_hours, used_hours, reserved_hours)
+
+    def _budgets(self):
+        """Each budget's highest threshold told in its current period (billing.BudgetNotice, which
+        the budgets' check records): 0, 50, 80 or 100. Read from the notices, two queries, rather
+        than priced at each scrape; the alert rules BudgetNearlySpent and BudgetSpent read it."""
+        today = timezone.localdate()
+        budgets = list(Budget.objects.select_related("tenant", "grant"))
+        reached = {
+            (budget_id, start): top
+            for budget_id, start, top in BudgetNotice.objects.values_list("budget_id", "period_start")
+            .annotate(top=Max("threshold"))
+            .order_by()
+        }
+        threshold = GaugeMetricFamily(
+            "portal_budget_threshold_percent",
+            "The highest share of a budget (50, 80, 100; 0: none yet) its period has passed.",
+            labels=["tenant", "period", "grant"],
+        )
+        for budget in budgets:
+            if budget.grant_id is None:
+                start, grant = today.replace(day=1), ""
+            elif budget.grant.ends_on < today:
+                continue  # a grant's budget ends with its grant
+            else:
+                start, grant = budget.grant.starts_on, str(budget.grant_id)
+            threshold.add_metric(
+                [budget.tenant.slug, budget.period, grant], reached.get((budget.pk, start), 0)
+            )
+        yield threshold

@@ -1,12 +1,14 @@
 """/metrics: who may read it, and what it says of requests, jobs, tenants, grants and the queue."""
 
-from datetime import date
+from datetime import date, timedelta
 from decimal import Decimal
 
 import pytest
 from django.test import override_settings
 from django.urls import resolve
+from django.utils import timezone
 
+from billing.models import Budget, BudgetNotice, BudgetPeriod
 from jobs.models import JobState
 from tests.factories import ClusterFactory, JobFactory, PartitionFactory, QuotaGrantFactory, TenantFactory
 from tests.monitoring_support import TOKEN, samples, scrape, value
@@ -106,6 +108,26 @@ def test_gpus_and_gpu_hours_per_tenant_and_grant(client, catalog):
     assert value(text, "portal_grant_gpu_hours", **key) == 200
     assert value(text, "portal_grant_gpu_hours_used", **key) == 181.5
     assert value(text, "portal_grant_gpu_hours_reserved", **key) == 4
+
+
+@override_settings(METRICS_TOKEN=TOKEN)
+def test_each_budgets_highest_threshold_of_its_period(client, catalog):
+    """From the notices the budgets' check recorded: this month's, not last month's; a grant's
+    budget while its grant lasts."""
+    lab, other = TenantFactory(slug="lab-x"), TenantFactory(slug="lab-y")
+    monthly = Budget.objects.create(tenant=lab, period=BudgetPeriod.MONTH, amount=Decimal(100))
+    this_month = timezone.localdate().replace(day=1)
+    last_month = (this_month - timedelta(days=1)).replace(day=1)
+    for start, threshold in ((last_month, 100), (this_month, 50), (this_month, 80)):
+        BudgetNotice.objects.create(budget=monthly, period_start=start, threshold=threshold, spent=Decimal(0))
+    grant = QuotaGrantFactory(tenant=other, pair=catalog, gpus=1, gpu_hours=10)
+    Budget.objects.create(tenant=other, period=BudgetPeriod.GRANT, grant=grant, amount=Decimal(5))
+    text = scrape(client)
+    assert value(text, "portal_budget_threshold_percent", tenant="lab-x", period="month", grant="") == 80
+    assert (
+        value(text, "portal_budget_threshold_percent", tenant="lab-y", period="grant", grant=str(grant.pk))
+        == 0
+    )
 
 
 @override_settings(METRICS_TOKEN=TOKEN)
