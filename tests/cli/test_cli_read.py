@@ -171,7 +171,7 @@ def test_usage_by_day_user_and_gpu_model(member_cli, portal, jobs):
     assert (
         member_cli.json("usage")
         == api_get(portal, token, "/usage/")
-        == {"results": [{"key": day, "gpu_hours": 1.85}]}
+        == {"results": [{"key": day, "gpu_hours": 1.85, "cost": "0.00"}], "currency": "CNY"}  # no price set
     )
     by_user = member_cli.json(
         "usage", "--group-by", "user", "--from", day, "--to", day, "--tenant", "protein-lab"
@@ -179,7 +179,10 @@ def test_usage_by_day_user_and_gpu_model(member_cli, portal, jobs):
     assert by_user == api_get(
         portal, token, "/usage/", group_by="user", tenant="protein-lab", **{"from": day, "to": day}
     )
-    assert by_user["results"] == [{"key": "manager", "gpu_hours": 0.25}, {"key": "member", "gpu_hours": 1.6}]
+    assert by_user["results"] == [
+        {"key": "manager", "gpu_hours": 0.25, "cost": "0.00"},
+        {"key": "member", "gpu_hours": 1.6, "cost": "0.00"},
+    ]
     table = rows_of(member_cli.run("usage", "--group-by", "gpu_model").stdout)
     assert table == [["GPU", "model", "GPU-hours"], ["h100-80gb", "1.8500"], ["Total", "1.8500"]]
     assert member_cli.run("usage", "--from", "yesterday").rc == 2

@@ -98,7 +98,8 @@ def earlier_weeks(job: Job) -> None:
         JobFactory(
             grant=job.grant, partition=job.partition, submitted_by=job.submitted_by, name=f"train-{days_ago}",
             walltime_minutes=600, mem_per_gpu_mb=1000, reserved_gpu_hours=0, state=JobState.COMPLETED,
-            finished_at=now - timedelta(days=days_ago), gpu_hours=hours,
+            started_at=now - timedelta(days=days_ago, hours=hours), finished_at=now - timedelta(days=days_ago),
+            gpu_hours=hours,
         )  # fmt: skip
 
 

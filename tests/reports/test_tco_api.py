@@ -21,7 +21,6 @@ from tests.factories import ClusterFactory, JobFactory, PartitionFactory
 pytestmark = pytest.mark.django_db
 
 URL = "/api/v1/tco/"
-NOW = timezone.now()
 
 
 def body(**overrides) -> dict:
@@ -44,36 +43,37 @@ def body(**overrides) -> dict:
 
 
 @pytest.fixture
-def jobs(make_job, owner):
+def jobs(make_job, owner):  # -> the moment the jobs are placed around (the year ends at it)
     """GPU-hours on the local cluster: 876 (36.5 days of 1 GPU) ended 13.5 days ago, 120 of a run
     that began 370 days ago (240 over 10 days, half of it inside the year), 4 so far of a running
     job (its reserve), and none of a job that ended 380 days ago. 100 more on another cluster."""
+    now = timezone.now()  # per test, not per module: the suite runs half an hour
     first = make_job(
         owner,
         state=JobState.COMPLETED,
-        started_at=NOW - timedelta(days=50),
-        finished_at=NOW - timedelta(days=13, hours=12),
+        started_at=now - timedelta(days=50),
+        finished_at=now - timedelta(days=13, hours=12),
         gpu_hours=Decimal(876),
     )
     make_job(
         owner,
         state=JobState.COMPLETED,
-        started_at=NOW - timedelta(days=370),
-        finished_at=NOW - timedelta(days=360),
+        started_at=now - timedelta(days=370),
+        finished_at=now - timedelta(days=360),
         gpu_hours=Decimal(240),
     )
     make_job(
         owner,
         state=JobState.COMPLETED,
-        started_at=NOW - timedelta(days=400),
-        finished_at=NOW - timedelta(days=380),
+        started_at=now - timedelta(days=400),
+        finished_at=now - timedelta(days=380),
         gpu_hours=Decimal(480),
     )
     make_job(
         owner,
         state=JobState.RUNNING,
         gpus=2,
-        started_at=NOW - timedelta(hours=3),
+        started_at=now - timedelta(hours=3),
         reserved_gpu_hours=Decimal(4),
     )
     elsewhere = PartitionFactory(cluster=ClusterFactory(slug="elsewhere"))
@@ -82,10 +82,11 @@ def jobs(make_job, owner):
         submitted_by=owner,
         partition=elsewhere,
         state=JobState.FAILED,
-        started_at=NOW - timedelta(days=6),
-        finished_at=NOW - timedelta(days=6) + timedelta(hours=100),
+        started_at=now - timedelta(days=6),
+        finished_at=now - timedelta(days=6) + timedelta(hours=100),
         gpu_hours=Decimal(100),
     )
+    return now
 
 
 def test_delivered_gpu_hours_count_the_year_on_the_profiles_cluster_or_the_whole_site(
@@ -95,7 +96,7 @@ def test_delivered_gpu_hours_count_the_year_on_the_profiles_cluster_or_the_whole
     local = api.post(URL, body(), format="json").json()
     site = api.post(URL, body(name="site", cluster=None), format="json").json()
     profiles = list(TcoProfile.objects.order_by("id"))
-    delivered = delivered_gpu_hours(profiles=profiles, now=NOW)
+    delivered = delivered_gpu_hours(profiles=profiles, now=jobs)
     assert delivered == {int(local["id"]): Decimal(1000), int(site["id"]): Decimal(1100)}
 
 
@@ -119,7 +120,7 @@ def test_the_figures_at_the_measured_utilization(client_for, admin_user, jobs):
         "cloud_yearly_cost": cloud["cloud_yearly_cost"],
         "saving_pct": cloud["saving_pct"],
     }
-    # 1,000 GPU-hours × 2.50, less the seconds the year's start moved on since NOW
+    # 1,000 GPU-hours × 2.50, less the seconds the year's start moved on since the jobs were placed
     assert Decimal("2499.95") <= Decimal(cloud["cloud_yearly_cost"]) <= Decimal("2500.00")
     assert cloud["saving_pct"] == pytest.approx(-250.4, abs=0.05)  # (2,500 − 8,760) / 2,500
     assert (row["currency"], row["cluster"], row["gpu_model"], row["updated_by"]) == (
