@@ -22,7 +22,9 @@ class ById(CursorPage):
 
 @extend_schema(
     parameters=[
-        OpenApiParameter("gpu_model", str, description="A GPU model's slug"),
+        OpenApiParameter(
+            "gpu_model", {"type": "string", "pattern": f"^{SLUG_LOOKUP}$"}, description="A GPU model's slug"
+        ),
         OpenApiParameter("share", str, enum=ShareKind.values),
     ]
 )

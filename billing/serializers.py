@@ -3,6 +3,7 @@
 from decimal import Decimal
 
 from django.utils import timezone
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -56,18 +57,10 @@ class TierMultiplierOut(serializers.ModelSerializer):
         return selectors.in_force(row, timezone.now())
 
 
-MONEY_SCHEMA = {
-    "type": "string",
-    "format": "decimal",
-    "pattern": r"^[0-9]{1,12}(\.[0-9]{1,2})?$",
-    "example": "1200.00",
-}
-
-
-@extend_schema_field(MONEY_SCHEMA)
 class MoneyIn(serializers.DecimalField):
     """An amount in: a decimal string ("1200.50"), as amounts go out, never a JSON number (a
-    binary float on the way is how cents get lost); at most 2 places, not negative."""
+    binary float on the way is how cents get lost); at most `decimal_places` places, not
+    negative. Its schema's pattern says exactly that (MoneyInSchema)."""
 
     def __init__(self, *, max_digits: int = 14, decimal_places: int = 2, **kwargs):
         kwargs.setdefault("min_value", Decimal(0))
@@ -81,11 +74,25 @@ class MoneyIn(serializers.DecimalField):
         return super().to_internal_value(data)
 
 
-@extend_schema_field(
-    MONEY_SCHEMA | {"pattern": r"^(0\.(0[1-9]|[1-9][0-9]?)|[1-9][0-9]{0,11}(\.[0-9]{1,2})?)$"}
-)
 class PositiveMoneyIn(MoneyIn):
     """An amount in that must be more than nothing (a budget)."""
 
     def __init__(self, **kwargs):
         super().__init__(min_value=Decimal("0.01"), **kwargs)
+
+
+class MoneyInSchema(OpenApiSerializerFieldExtension):
+    """The pattern of a MoneyIn from its own digits: at most max_digits − decimal_places before
+    the point and decimal_places after it, not negative, and more than 0 where it must be."""
+
+    target_class = MoneyIn
+    match_subclasses = True
+
+    def map_serializer_field(self, auto_schema, direction):
+        places, whole = self.target.decimal_places, self.target.max_digits - self.target.decimal_places
+        fraction = rf"(\.[0-9]{{1,{places}}})?"
+        if self.target.min_value is not None and self.target.min_value > 0:
+            pattern = rf"^(0\.[0-9]{{0,{places - 1}}}[1-9]|[1-9][0-9]{{0,{whole - 1}}}{fraction})$"
+        else:
+            pattern = rf"^[0-9]{{1,{whole}}}{fraction}$"
+        return {"type": "string", "format": "decimal", "pattern": pattern, "example": "1200.00"}

@@ -290,6 +290,10 @@ class TenantBudgetViewSet(ReadByMembers):
     serializer_class = BudgetOut
     queryset = Budget.objects.none()
     lookup_value_regex = ID_LOOKUP
+    # One page (a monthly budget and one per grant at most), in the list's shape: no cursor and
+    # no page size to take, none to document.
+    pagination_class = None
+    filter_backends = []
 
     def keeper(self):
         tenant = self.tenant()
@@ -303,7 +307,8 @@ class TenantBudgetViewSet(ReadByMembers):
         return budget
 
     @extend_schema(responses=BudgetPageOut)
-    def list(self, request, tenant_slug=None):
+    def overview(self, request, tenant_slug=None):
+        """Every budget of the tenant with its figures, on one page (the list's shape)."""
         rows = BudgetOut(budgets_of(tenant=self.tenant()), many=True).data
         return Response({"next": None, "previous": None, "results": rows})
 

@@ -10,7 +10,7 @@ router = SimpleRouter()
 router.register("jobs", api.JobViewSet, basename="job")
 lending = api.TenantLendingViewSet.as_view({"get": "retrieve"})
 loans = api.TenantLoanViewSet.as_view({"get": "list"})
-budgets = api.TenantBudgetViewSet.as_view({"get": "list", "post": "create"})
+budgets = api.TenantBudgetViewSet.as_view({"get": "overview", "post": "create"})
 budget = api.TenantBudgetViewSet.as_view({"patch": "partial_update", "delete": "destroy"})
 TENANT = rf"^tenants/(?P<tenant_slug>{SLUG_LOOKUP})/"
 

@@ -3,9 +3,10 @@
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.renderers import BaseRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -152,6 +153,20 @@ def _site_report(request, query_class) -> tuple[dict, object]:
     return data, report
 
 
+class FileNegotiation(BaseContentNegotiation):
+    """A download is its file whatever `Accept` or `?format=` ask (a `?format=` the file is not
+    would otherwise be DRF's 404); an error is problem+json all the same (portal/core/errors.py)."""
+
+    def select_parser(self, request, parsers):
+        return parsers[0] if parsers else None
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[-1], renderers[-1].media_type
+
+
+NO_FORMAT = OpenApiParameter("format", exclude=True)
+
+
 def _site_filename(data: dict) -> str:
     return f"site-report-{data['from']:%Y%m%d}-{data['to']:%Y%m%d}"
 
@@ -159,6 +174,8 @@ def _site_filename(data: dict) -> str:
 class SiteReportView(APIView):
     """Usage and cost by tenant, GPU model, scenario, cluster, partition and day; utilization by
     partition and day; waits to the first start by scenario and tier; the top consumers."""
+
+    schema_forbids_reads = True
 
     @extend_schema(parameters=[SiteReportIn], responses=SiteReportOut)
     def get(self, request):
@@ -170,8 +187,10 @@ class SiteReportCsv(APIView):
     """One table of the site report as CSV (UTF-8 with a byte order mark)."""
 
     renderer_classes = [JSONRenderer, CsvRenderer]
+    content_negotiation_class = FileNegotiation
+    schema_forbids_reads = True
 
-    @extend_schema(parameters=[SiteReportCsvIn], responses=_binary("text/csv"))
+    @extend_schema(parameters=[SiteReportCsvIn, NO_FORMAT], responses=_binary("text/csv"))
     def get(self, request):
         data, report = _site_report(request, SiteReportCsvIn)
         headers, rows = site_report_tables(report)[data["table"]]
@@ -183,8 +202,10 @@ class SiteReportXlsx(APIView):
     """The site report as a workbook, a sheet per table."""
 
     renderer_classes = [JSONRenderer, XlsxRenderer]
+    content_negotiation_class = FileNegotiation
+    schema_forbids_reads = True
 
-    @extend_schema(parameters=[SiteReportIn], responses=_binary(XLSX_TYPE))
+    @extend_schema(parameters=[SiteReportIn, NO_FORMAT], responses=_binary(XLSX_TYPE))
     def get(self, request):
         data, report = _site_report(request, SiteReportIn)
         content = xlsx_bytes(site_report_tables(report))

@@ -272,7 +272,6 @@ class SiteReportOut(serializers.Serializer):
 TCO_MONEY_SCHEMA = {"type": "string", "pattern": r"^-?[0-9]+(\.[0-9]+)?$", "example": "300000.00"}
 
 
-@extend_schema_field(TCO_MONEY_SCHEMA | {"format": "decimal", "pattern": r"^[0-9]{1,12}(\.[0-9]{1,4})?$"})
 class TcoMoneyIn(MoneyIn):
     """An amount of the TCO view: a decimal string (billing.serializers.MoneyIn)."""
 

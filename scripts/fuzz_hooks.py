@@ -104,6 +104,7 @@ def refs() -> dict:
                 usernames=sorted(logins),
                 login={"username": user, "password": logins.get(user, "")},
                 staff=bool(_get("/me/")["staff_roles"] or _get("/me/")["platform_admin"]),
+                platform_admin=bool(_get("/me/")["platform_admin"]),
             )
         return _refs
 
@@ -332,6 +333,8 @@ def usage(case) -> None:
 def tco_profile(case, body: dict) -> None:
     """A place without a profile yet (a cluster without one, or the whole site while it has none;
     a PATCH keeps its place), an existing GPU model, and each cloud provider once."""
+    if not refs()["platform_admin"]:
+        return  # 403 before the body is read, and /tco/ is not the caller's to read
     if case.method == "PATCH":
         body.pop("cluster", None)
     else:
@@ -361,6 +364,29 @@ def statement(case, body: dict) -> None:
     body["month"] = f"2000-{pick(list(range(1, 13)), body.get('month')):02d}"
 
 
+def budget(case, body: dict) -> None:
+    """A monthly budget names no grant; one per grant names an active grant of the path's tenant
+    (none: a monthly one instead). Never hard: a hard budget the run set would refuse the run's
+    own positive job submissions (a right 409, but the submission path is the one worth fuzzing)."""
+    if "hard" in body:
+        body["hard"] = False
+    if case.method == "PATCH":
+        return
+    slug = (case.path_parameters or {}).get("tenant_slug", "")
+    grants = []
+    if body.get("period") == "grant" and slug:
+        try:
+            grants = [
+                str(g["id"]) for g in _get(f"/quotas/?tenant={slug}&active=true&page_size=200")["results"]
+            ]
+        except urllib.error.HTTPError:
+            return  # not the caller's tenant: 404 before the body is read
+    if grants:
+        body["grant"] = pick(grants, body.get("grant"))
+    else:
+        body["period"], body["grant"] = "month", None
+
+
 # GET operations whose `from` and `to` follow the rules of GET /usage/.
 RANGES = {
     "GET /api/v1/usage/", "GET /api/v1/reports/site/", "GET /api/v1/reports/site/csv/",
@@ -386,6 +412,8 @@ BODIES = {
     "POST /api/v1/tco/": tco_profile,
     "PATCH /api/v1/tco/{id}/": tco_profile,
     "POST /api/v1/statements/": statement,
+    "POST /api/v1/tenants/{tenant_slug}/budgets/": budget,
+    "PATCH /api/v1/tenants/{tenant_slug}/budgets/{id}/": budget,
 }
 
 
