@@ -54,6 +54,12 @@ def bar_chart_svg(rows: list[tuple[str, Decimal, str]], *, title: str) -> SafeSt
     return mark_safe("".join(parts))  # noqa: S308 (every text in it is escaped above)
 
 
+# The lines a PDF lists: WeasyPrint lays a long table out at about 10 ms a line (bench/cost.py:
+# 6.4 s for 619), and a statement of thousands of lines would outlast the request. The totals,
+# sums and charts cover every line; the CSV and XLSX list them all.
+PDF_LINES = 150
+
+
 def statement_html(statement: Statement, *, language: str) -> str:
     """The PDF's HTML in `language`: figures, tables and charts."""
     with translation.override(language):
@@ -68,10 +74,14 @@ def statement_html(statement: Statement, *, language: str) -> str:
                 title=_("Cost by user"),
             ),
         }
+        lines = view["lines"][:PDF_LINES]
         return render_to_string(
             "reports/statement_pdf.html",
-            {"statement": statement, "view": view, "charts": charts, "fonts": FONTS, "language": language},
-        )
+            {
+                "statement": statement, "view": view, "charts": charts, "fonts": FONTS, "language": language,
+                "lines": lines, "lines_left": len(view["lines"]) - len(lines),
+            },
+        )  # fmt: skip
 
 
 def statement_pdf(statement: Statement, *, language: str) -> bytes:

@@ -145,3 +145,14 @@ def test_a_name_that_looks_like_markup_is_text_in_the_pdf_and_fetches_nothing(
     assert '<img src="file:///etc/hostname"> Lab' in pdf_text(response.content)
     with pytest.raises(ValueError, match="fetches nothing"):
         refuse_fetch("file:///etc/hostname")
+
+
+def test_a_long_statement_lists_its_first_lines_in_the_pdf_and_says_where_the_rest_are(
+    client_for, member, statement, monkeypatch
+):
+    monkeypatch.setattr("reports.pdf.PDF_LINES", 2)  # March has 5 lines
+    text = pdf_text(client_for(member).get(f"/api/v1/statements/{statement.pk}/pdf/?lang=en").content)
+    assert "The first 2 lines are shown here; 3 more are in the statement's CSV and XLSX" in " ".join(
+        text.split()
+    )
+    assert "CN¥615.12" in text  # the totals are every line's
