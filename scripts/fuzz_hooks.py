@@ -53,17 +53,20 @@ _serial = itertools.count(1)
 _OURS = re.compile(rf"^{FUZZ_TENANT_PREFIX}[0-9]+x[0-9]+-")
 
 
-def _get(path: str):
-    """GET as the run's identity. Its requests count against the same throttle as the run's, so
-    a 429 is waited out (Retry-After) a few times rather than failing the case."""
+def _get(path: str, method: str = "GET"):
+    """GET (or another method) as the run's identity. Its requests count against the same
+    throttle as the run's, so a 429 is waited out (Retry-After) a few times rather than failing
+    the case."""
     request = urllib.request.Request(  # noqa: S310 (FUZZ_BASE_URL is scripts/fuzz's http(s) URL)
         path if "://" in path else API + path,
         headers={"Authorization": f"Token {os.environ['FUZZ_TOKEN']}", "Accept": "application/json"},
+        method=method,
     )
     for attempt in range(THROTTLE_RETRIES + 1):
         try:
             with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:  # noqa: S310
-                return json.load(response)
+                body = response.read()
+                return json.loads(body) if body else None
         except urllib.error.HTTPError as exc:
             if exc.code != 429 or attempt == THROTTLE_RETRIES:
                 raise
@@ -338,9 +341,14 @@ def tco_profile(case, body: dict) -> None:
     if case.method == "PATCH":
         body.pop("cluster", None)
     else:
-        taken = {profile["cluster"] for profile in _all("/tco/")}
+        profiles = _all("/tco/")
+        taken = {profile["cluster"] for profile in profiles}
         free = [c["slug"] for c in _all("/clusters/") if c["slug"] not in taken]
         free += [None] if None not in taken else []
+        if not free and profiles:  # every place has one (the run made them): free the oldest
+            oldest = min(profiles, key=lambda profile: int(profile["id"]))
+            _get(f"/tco/{oldest['id']}/", method="DELETE")
+            free = [oldest["cluster"]]
         if free:
             body["cluster"] = pick(free, body.get("cluster"))
     models = sorted({model for _scenario, model in refs()["pairs"]})
