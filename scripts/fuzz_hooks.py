@@ -333,6 +333,10 @@ def usage(case) -> None:
     query["to"] = end.isoformat()
 
 
+# reports.serializers.TcoProfileIn: at most this many cloud prices (the schema does not say it).
+CLOUD_PRICES_MAX = 20
+
+
 def tco_profile(case, body: dict) -> None:
     """A place without a profile yet (a cluster without one, or the whole site while it has none;
     a PATCH keeps its place), an existing GPU model, and each cloud provider once."""
@@ -355,6 +359,7 @@ def tco_profile(case, body: dict) -> None:
     if "gpu_model" in body and models:
         body["gpu_model"] = pick(models, body["gpu_model"])
     if isinstance(body.get("cloud_prices"), list):
+        body["cloud_prices"] = body["cloud_prices"][:CLOUD_PRICES_MAX]  # the serializer's max_length
         seen = set()
         for i, row in enumerate(body["cloud_prices"]):
             if isinstance(row, dict) and isinstance(row.get("provider"), str):
